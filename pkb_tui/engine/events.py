@@ -1,0 +1,166 @@
+"""Worker events: JSON lines, one object per line, typed by "event". Unknown fields are ignored.
+
+Rank 0 writes them to the batch's event file; the launcher reads them, stores what they carry and
+passes them on to whoever watches (the CLI's progress line, the TUI's live screen). ``item`` is the
+index of the (task, model) pair in the batch; the launcher maps it to a run id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass
+class Event:
+    name: ClassVar[str] = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"event": self.name, **dataclasses.asdict(self)}, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    return str(value)
+
+
+@dataclass
+class BatchStarted(Event):
+    """The ranks are up: what they found (host facts, mode, MPS)."""
+
+    name: ClassVar[str] = "batch_started"
+    world_size: int
+    mode: str
+    host: dict[str, Any] = field(default_factory=dict)
+    timings_representative: bool = True
+    mps_enabled: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunStarted(Event):
+    name: ClassVar[str] = "run_started"
+    item: int
+    task: str
+    model: str
+    trials: int
+
+
+@dataclass
+class Progress(Event):
+    name: ClassVar[str] = "progress"
+    item: int
+    phase: str  # trial, timing, profile
+    variant: str | None = None
+    trial: int | None = None
+    trials: int | None = None
+
+
+@dataclass
+class TrialResult(Event):
+    name: ClassVar[str] = "trial_result"
+    item: int
+    trial: int  # -1: the outputs of the timed iterations
+    correct: bool
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    worst_rank: int | None = None
+    message: str | None = None
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Timing(Event):
+    name: ClassVar[str] = "timing"
+    item: int
+    variant: str
+    median_us: float
+    p10_us: float
+    p90_us: float
+    mean_us: float
+    min_us: float
+    max_us: float
+    iterations: int
+    per_rank_median_us: list[float] = field(default_factory=list)
+    input_copies: int = 1
+
+
+@dataclass
+class Kernels(Event):
+    name: ClassVar[str] = "kernels"
+    item: int
+    variant: str
+    rank: int
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    trace_path: str | None = None
+
+
+@dataclass
+class LinkBytes(Event):
+    name: ClassVar[str] = "link_bytes"
+    item: int
+    variant: str
+    iterations: int
+    nvlink_bytes_per_iter: float | None = None  # max over ranks; None: NVML could not count
+    pcie_bytes_per_iter: float | None = None
+    per_rank: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Error(Event):
+    name: ClassVar[str] = "error"
+    item: int | None
+    where: str
+    message: str
+    traceback: str = ""
+    rank: int | None = None
+
+
+@dataclass
+class RunFinished(Event):
+    name: ClassVar[str] = "run_finished"
+    item: int
+    status: str  # passed, failed, error, timeout, interrupted
+    detail: str | None = None
+
+
+@dataclass
+class Heartbeat(Event):
+    name: ClassVar[str] = "heartbeat"
+    ts: float
+    item: int | None = None
+
+
+@dataclass
+class BatchFinished(Event):
+    name: ClassVar[str] = "batch_finished"
+    status: str
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.name: cls for cls in (
+        BatchStarted, RunStarted, Progress, TrialResult, Timing, Kernels, LinkBytes, Error, RunFinished,
+        Heartbeat, BatchFinished,
+    )
+}
+
+
+def parse_event(line: str) -> Event | None:
+    """One JSON line to its event; None for a line that is not an event we know."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    cls = EVENT_TYPES.get(data.get("event", ""))
+    if cls is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError:
+        return None

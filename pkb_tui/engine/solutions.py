@@ -1,0 +1,149 @@
+"""Solution sets ("models"): folders of solution(*inputs) files named by task id.
+
+A set lives under solutions/<name>/ (or anywhere, given as a path) and may carry manifest.json
+({"model": ..., "provider": ..., "backend": ..., "notes": ...}). The pseudo-model "baseline" runs
+the task's baseline as the candidate: a self-check and a way to time the baseline alone.
+
+Candidate code is untrusted: the launcher only parses it (syntax, a `solution` function with the
+baseline's arity); it is imported in the rank processes alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pkb_tui.errors import PkbError
+
+BASELINE_MODEL = "baseline"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def search_dirs() -> list[Path]:
+    """Where named solution sets are looked for, first match wins: $PKB_SOLUTIONS (os.pathsep
+    separated), ./solutions, then the solutions/ folder shipped with the project."""
+    dirs = [Path(p) for p in os.environ.get("PKB_SOLUTIONS", "").split(os.pathsep) if p]
+    dirs += [Path.cwd() / "solutions", PROJECT_ROOT / "solutions"]
+    unique: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [u.resolve() for u in unique]:
+            unique.append(d)
+    return unique
+
+
+@dataclass
+class SolutionSet:
+    name: str
+    path: Path | None  # None for the baseline pseudo-model
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.path is None
+
+    def files(self) -> dict[str, Path]:
+        """task id -> solution file. A file may be <task_id>.py or <N>_<task_id>.py."""
+        if self.path is None:
+            return {}
+        out: dict[str, Path] = {}
+        for file in sorted(self.path.glob("*.py")):
+            if file.name.startswith("_"):
+                continue
+            out[file.stem] = file
+        return out
+
+    def solution_file(self, task_id: str) -> Path | None:
+        return self.files().get(task_id)
+
+    def covers(self, task_ids: list[str]) -> list[str]:
+        if self.is_baseline:
+            return list(task_ids)
+        files = self.files()
+        return [t for t in task_ids if t in files]
+
+
+def _load_manifest(path: Path) -> dict:
+    manifest_file = path / "manifest.json"
+    if not manifest_file.exists():
+        return {}
+    try:
+        data = json.loads(manifest_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise PkbError(f"{manifest_file} is not valid JSON ({exc}); fix or remove it.") from exc
+    if not isinstance(data, dict):
+        raise PkbError(f"{manifest_file} must hold a JSON object.")
+    return data
+
+
+def find_model(name_or_path: str) -> SolutionSet:
+    if name_or_path == BASELINE_MODEL:
+        return SolutionSet(BASELINE_MODEL, None, {"model": "baseline", "notes": "the task's own baseline"})
+    as_path = Path(name_or_path).expanduser()
+    if as_path.is_dir() and (os.sep in name_or_path or name_or_path.startswith(".")):
+        path = as_path.resolve()
+        manifest = _load_manifest(path)
+        return SolutionSet(manifest.get("model") or path.name, path, manifest)
+    for directory in search_dirs():
+        candidate = directory / name_or_path
+        if candidate.is_dir():
+            manifest = _load_manifest(candidate)
+            return SolutionSet(name_or_path, candidate.resolve(), manifest)
+    if as_path.is_dir():
+        path = as_path.resolve()
+        return SolutionSet(path.name, path, _load_manifest(path))
+    known = ", ".join(m.name for m in list_models())
+    raise PkbError(f"Unknown model {name_or_path!r}: no such solution set (known: {known}) and no such folder.")
+
+
+def list_models() -> list[SolutionSet]:
+    seen: dict[str, SolutionSet] = {BASELINE_MODEL: find_model(BASELINE_MODEL)}
+    for directory in search_dirs():
+        for child in sorted(directory.iterdir()):
+            if child.is_dir() and not child.name.startswith((".", "_")) and child.name not in seen:
+                seen[child.name] = SolutionSet(child.name, child.resolve(), _load_manifest(child))
+    return list(seen.values())
+
+
+def baseline_arity(baseline) -> tuple[int, int]:
+    """(required, maximum) positional parameters of a baseline."""
+    params = list(inspect.signature(baseline).parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return (0, 1 << 30)
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    return (len(required), len(positional))
+
+
+def validate_solution_file(path: Path, task_id: str, arity: tuple[int, int]) -> str:
+    """Parse (never import) a candidate file; return its text or raise PkbError saying what to fix."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PkbError(f"Cannot read solution {path}: {exc.strerror}.") from exc
+    try:
+        tree = ast.parse(text, filename=str(path))
+    except SyntaxError as exc:
+        raise PkbError(f"Solution {path} has a syntax error at line {exc.lineno}: {exc.msg}; fix it and run again.") from exc
+    funcs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "solution"]
+    assigned = any(
+        isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "solution" for t in n.targets)
+        for n in tree.body
+    )
+    if not funcs and not assigned:
+        raise PkbError(f"Solution {path} defines no `solution` function; it must define solution(*inputs) like the {task_id} baseline.")
+    if funcs:
+        args = funcs[-1].args
+        if not args.vararg:
+            positional = len(args.posonlyargs) + len(args.args)
+            required = positional - len(args.defaults)
+            wanted_required, wanted_max = arity
+            if positional < wanted_required or required > wanted_max:
+                raise PkbError(
+                    f"Solution {path} takes {positional} argument(s) but the {task_id} baseline takes "
+                    f"{wanted_required}; give solution() the baseline's signature."
+                )
+    return text

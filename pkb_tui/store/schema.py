@@ -1,0 +1,195 @@
+"""The one place that knows the database schema. Versioned by PRAGMA user_version.
+
+Units are in column names; one unit per quantity: times in microseconds (_us), wall-clock moments
+in Unix seconds (_at, ts), bytes (_bytes), rates in bytes per second (_bytes_per_s), bandwidths in
+GB/s (10^9 bytes/s, _gbps), fractions in 0..1 (_fraction), percentages 0..100 (_pct).
+A NULL means "not measured / not available", never zero.
+
+To change the schema: append a migration (a list of statements) to MIGRATIONS; never edit one that
+has shipped. Store.open applies the missing ones in one transaction each.
+"""
+
+from __future__ import annotations
+
+RUN_STATUSES = ("queued", "running", "passed", "failed", "error", "timeout", "interrupted")
+VARIANTS = ("baseline", "candidate")
+
+_V1 = [
+    """
+    CREATE TABLE hosts (
+        id INTEGER PRIMARY KEY,
+        fingerprint TEXT NOT NULL UNIQUE,
+        hostname TEXT NOT NULL,
+        gpu_model TEXT,
+        gpu_count INTEGER NOT NULL DEFAULT 0,
+        driver_version TEXT,
+        cuda_version TEXT,
+        torch_version TEXT,
+        nccl_version TEXT,
+        python_version TEXT,
+        topology TEXT,              -- JSON: nvidia-smi topo style matrix / links per GPU
+        first_seen_at REAL NOT NULL,
+        last_seen_at REAL NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE calibrations (
+        id INTEGER PRIMARY KEY,
+        host_id INTEGER NOT NULL REFERENCES hosts(id),
+        measured_at REAL NOT NULL,
+        kind TEXT NOT NULL,         -- device_copy, peer_copy_engine, peer_sm, allreduce_busbw, ...
+        gpu_a INTEGER,
+        gpu_b INTEGER,
+        size_bytes INTEGER,
+        bandwidth_gbps REAL NOT NULL,
+        detail TEXT                 -- JSON
+    )
+    """,
+    "CREATE INDEX calibrations_host ON calibrations(host_id, kind, measured_at)",
+    """
+    CREATE TABLE sources (
+        hash TEXT PRIMARY KEY,      -- sha256 of the text
+        path TEXT NOT NULL,
+        text TEXT NOT NULL,
+        first_seen_at REAL NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        batch_id TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        model_path TEXT,
+        world_size INTEGER NOT NULL,
+        mode TEXT NOT NULL,
+        dtype TEXT NOT NULL,
+        size TEXT NOT NULL,
+        trials INTEGER NOT NULL,
+        timeout_s REAL NOT NULL,
+        request TEXT NOT NULL,      -- JSON of the whole request item
+        status TEXT NOT NULL DEFAULT 'queued',
+        status_detail TEXT,
+        host_id INTEGER REFERENCES hosts(id),
+        created_at REAL NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        launcher_pid INTEGER,
+        launcher_host TEXT,
+        log_path TEXT,
+        trace_path TEXT,
+        baseline_source_hash TEXT REFERENCES sources(hash),
+        candidate_source_hash TEXT REFERENCES sources(hash),
+        timings_representative INTEGER NOT NULL DEFAULT 1,
+        mps_enabled INTEGER,
+        notes TEXT                  -- JSON list of sentences shown with the result
+    )
+    """,
+    "CREATE INDEX runs_task ON runs(task_id, model, created_at)",
+    "CREATE INDEX runs_status ON runs(status)",
+    "CREATE INDEX runs_created ON runs(created_at)",
+    """
+    CREATE TABLE results (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        variant TEXT NOT NULL,
+        correct INTEGER,
+        trials_passed INTEGER,
+        trials_total INTEGER,
+        max_abs_error REAL,
+        max_rel_error REAL,
+        worst_rank INTEGER,
+        median_us REAL,
+        p10_us REAL,
+        p90_us REAL,
+        mean_us REAL,
+        min_us REAL,
+        max_us REAL,
+        iterations INTEGER,
+        speedup REAL,               -- baseline median / this median (candidate row)
+        bus_bandwidth_gbps REAL,
+        roofline_floor_us REAL,
+        roofline_fraction REAL,     -- floor / median: 1.0 means at the limit
+        roofline_bound TEXT,        -- wire, memory or compute
+        bandwidth_source TEXT,      -- calibrated or datasheet:<name>
+        traffic TEXT,               -- JSON of the task's Traffic model
+        link_bytes_per_iter REAL,   -- NVLink bytes counted by NVML per timed iteration (max rank)
+        pcie_bytes_per_iter REAL,
+        traffic_flag TEXT,          -- below_model / wasteful / NULL
+        UNIQUE(run_id, variant)
+    )
+    """,
+    """
+    CREATE TABLE trials (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        trial INTEGER NOT NULL,     -- -1: the outputs of the timed iterations
+        correct INTEGER NOT NULL,
+        max_abs_error REAL,
+        max_rel_error REAL,
+        worst_rank INTEGER,
+        message TEXT,
+        detail TEXT,                -- JSON: per-rank figures
+        UNIQUE(run_id, trial)
+    )
+    """,
+    """
+    CREATE TABLE kernels (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        variant TEXT NOT NULL,
+        rank INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        category TEXT NOT NULL,     -- communication, copy, candidate, compute, cpu_op
+        calls INTEGER NOT NULL,
+        total_us REAL NOT NULL,
+        mean_us REAL NOT NULL,
+        share_fraction REAL
+    )
+    """,
+    "CREATE INDEX kernels_run ON kernels(run_id, variant)",
+    """
+    CREATE TABLE samples (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        host_id INTEGER,
+        run_id INTEGER,
+        gpu INTEGER NOT NULL,       -- -1: the host (CPU sampler)
+        resolution TEXT NOT NULL DEFAULT 'raw',  -- raw or 1s (retention averages)
+        nvlink_tx_bytes_per_s REAL,
+        nvlink_rx_bytes_per_s REAL,
+        pcie_tx_bytes_per_s REAL,
+        pcie_rx_bytes_per_s REAL,
+        sm_util_pct REAL,
+        mem_util_pct REAL,
+        dram_bw_util_pct REAL,
+        tensor_active_pct REAL,
+        power_w REAL,
+        sm_clock_mhz REAL,
+        mem_clock_mhz REAL,
+        temperature_c REAL,
+        memory_used_bytes REAL,
+        cpu_pct REAL,
+        host_memory_used_bytes REAL,
+        loopback_bytes_per_s REAL
+    )
+    """,
+    "CREATE INDEX samples_ts ON samples(ts)",
+    "CREATE INDEX samples_run ON samples(run_id, gpu, ts)",
+    """
+    CREATE TABLE link_samples (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        run_id INTEGER,
+        gpu INTEGER NOT NULL,
+        link INTEGER NOT NULL,
+        resolution TEXT NOT NULL DEFAULT 'raw',
+        tx_bytes_per_s REAL,
+        rx_bytes_per_s REAL
+    )
+    """,
+    "CREATE INDEX link_samples_ts ON link_samples(ts)",
+]
+
+MIGRATIONS: list[list[str]] = [_V1]
+SCHEMA_VERSION = len(MIGRATIONS)

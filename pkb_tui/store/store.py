@@ -1,0 +1,372 @@
+"""runs.db: one writer per process (the launcher; the collectors' sink has its own connection).
+
+WAL mode, so the TUI reads while a run writes. Every write is its own short transaction, so a
+launcher killed at any point (kill -9 included) leaves a readable database; runs it left 'running'
+are marked 'interrupted' the next time any Store opens the file and finds their launcher gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from pkb_tui.errors import PkbError
+from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+DEFAULT_DB = "runs.db"
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get("PKB_DB") or DEFAULT_DB)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def connect(path: Path | str, *, readonly: bool = False, timeout_s: float = 30.0) -> sqlite3.Connection:
+    """Open the database with the settings every connection of the project uses."""
+    path = Path(path)
+    if readonly:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout_s, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA busy_timeout = %d" % int(timeout_s * 1000))
+    conn.execute("PRAGMA foreign_keys = ON")
+    return conn
+
+
+class Store:
+    """Everything the project reads from and writes to runs.db."""
+
+    def __init__(self, path: Path | str | None = None, *, recover: bool = True) -> None:
+        self.path = Path(path) if path is not None else default_db_path()
+        self._lock = threading.RLock()
+        self.conn = self._open()
+        if recover:
+            self.recover_interrupted()
+
+    # ----------------------------------------------------------------- opening and migrations
+    def _open(self) -> sqlite3.Connection:
+        parent = self.path.parent if str(self.path.parent) else Path(".")
+        if not parent.exists():
+            raise PkbError(f"Cannot create database {self.path}: folder {parent} does not exist; create it or pass another --db.")
+        if self.path.exists() and not os.access(self.path, os.W_OK):
+            raise PkbError(f"Database {self.path} is not writable; fix its permissions or pass another --db.")
+        if not self.path.exists() and not os.access(parent, os.W_OK):
+            raise PkbError(f"Cannot create database {self.path}: folder {parent} is not writable; pass another --db.")
+        try:
+            conn = connect(self.path)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise PkbError(
+                f"{self.path} is not a pkb-tui database or is corrupt ({exc}); move it aside or pass another --db."
+            ) from exc
+        if version > SCHEMA_VERSION:
+            raise PkbError(
+                f"{self.path} has schema version {version}, newer than this pkb-tui knows ({SCHEMA_VERSION}); upgrade pkb-tui."
+            )
+        for index in range(version, SCHEMA_VERSION):
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in MIGRATIONS[index]:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {index + 1}")
+                conn.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                conn.execute("ROLLBACK")
+                raise PkbError(f"Could not migrate {self.path} to schema {index + 1}: {exc}.") from exc
+        return conn
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+
+    def recover_interrupted(self) -> int:
+        """Mark runs left 'running'/'queued' by a launcher that no longer exists as interrupted."""
+        here = socket.gethostname()
+        rows = self.conn.execute(
+            "SELECT id, launcher_pid, launcher_host FROM runs WHERE status IN ('running', 'queued')"
+        ).fetchall()
+        dead = [
+            row["id"] for row in rows
+            if row["launcher_host"] == here and (row["launcher_pid"] is None or not _pid_alive(row["launcher_pid"]))
+        ]
+        if dead:
+            with self.transaction() as conn:
+                conn.executemany(
+                    "UPDATE runs SET status='interrupted', finished_at=COALESCE(finished_at, ?), "
+                    "status_detail=COALESCE(status_detail, 'the launcher stopped before the run finished') WHERE id=?",
+                    [(time.time(), run_id) for run_id in dead],
+                )
+        return len(dead)
+
+    # ----------------------------------------------------------------- writes
+    def upsert_host(self, info: dict[str, Any]) -> int:
+        now = time.time()
+        fields = {k: info.get(k) for k in (
+            "hostname", "gpu_model", "gpu_count", "driver_version", "cuda_version", "torch_version",
+            "nccl_version", "python_version",
+        )}
+        fields["gpu_count"] = fields["gpu_count"] or 0
+        fields["topology"] = json.dumps(info.get("topology")) if info.get("topology") is not None else None
+        fingerprint = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+        with self.transaction() as conn:
+            row = conn.execute("SELECT id FROM hosts WHERE fingerprint=?", (fingerprint,)).fetchone()
+            if row:
+                conn.execute("UPDATE hosts SET last_seen_at=? WHERE id=?", (now, row["id"]))
+                return int(row["id"])
+            cols = ", ".join(fields)
+            marks = ", ".join("?" for _ in fields)
+            cur = conn.execute(
+                f"INSERT INTO hosts (fingerprint, {cols}, first_seen_at, last_seen_at) VALUES (?, {marks}, ?, ?)",
+                (fingerprint, *fields.values(), now, now),
+            )
+            return int(cur.lastrowid)
+
+    def add_source(self, path: str, text: str) -> str:
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO sources (hash, path, text, first_seen_at) VALUES (?, ?, ?, ?)",
+                (digest, path, text, time.time()),
+            )
+        return digest
+
+    def create_run(self, fields: dict[str, Any]) -> int:
+        fields = dict(fields)
+        fields.setdefault("created_at", time.time())
+        fields.setdefault("launcher_pid", os.getpid())
+        fields.setdefault("launcher_host", socket.gethostname())
+        if isinstance(fields.get("request"), dict):
+            fields["request"] = json.dumps(fields["request"], sort_keys=True)
+        return self._insert("runs", fields)
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        if "notes" in fields and not isinstance(fields["notes"], (str, type(None))):
+            fields["notes"] = json.dumps(fields["notes"])
+        sets = ", ".join(f"{k}=?" for k in fields)
+        with self.transaction() as conn:
+            conn.execute(f"UPDATE runs SET {sets} WHERE id=?", (*fields.values(), run_id))
+
+    def add_result(self, run_id: int, variant: str, fields: dict[str, Any]) -> None:
+        fields = {**fields, "run_id": run_id, "variant": variant}
+        if isinstance(fields.get("traffic"), dict):
+            fields["traffic"] = json.dumps(fields["traffic"])
+        cols = ", ".join(fields)
+        marks = ", ".join("?" for _ in fields)
+        updates = ", ".join(f"{k}=excluded.{k}" for k in fields if k not in ("run_id", "variant"))
+        with self.transaction() as conn:
+            conn.execute(
+                f"INSERT INTO results ({cols}) VALUES ({marks}) ON CONFLICT(run_id, variant) DO UPDATE SET {updates}",
+                tuple(fields.values()),
+            )
+
+    def add_trials(self, run_id: int, trials: Iterable[dict[str, Any]]) -> None:
+        rows = []
+        for trial in trials:
+            detail = trial.get("detail")
+            rows.append((
+                run_id, trial["trial"], int(bool(trial["correct"])), trial.get("max_abs_error"),
+                trial.get("max_rel_error"), trial.get("worst_rank"), trial.get("message"),
+                json.dumps(detail) if detail is not None else None,
+            ))
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO trials (run_id, trial, correct, max_abs_error, max_rel_error, worst_rank, "
+                "message, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows,
+            )
+
+    def add_kernels(self, run_id: int, kernels: Iterable[dict[str, Any]]) -> None:
+        rows = [
+            (run_id, k["variant"], k["rank"], k["name"], k["category"], k["calls"], k["total_us"],
+             k["mean_us"], k.get("share_fraction"))
+            for k in kernels
+        ]
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO kernels (run_id, variant, rank, name, category, calls, total_us, mean_us, share_fraction) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows,
+            )
+
+    def add_calibration(self, host_id: int, rows: Iterable[dict[str, Any]]) -> None:
+        now = time.time()
+        values = [
+            (host_id, r.get("measured_at", now), r["kind"], r.get("gpu_a"), r.get("gpu_b"), r.get("size_bytes"),
+             r["bandwidth_gbps"], json.dumps(r.get("detail")) if r.get("detail") is not None else None)
+            for r in rows
+        ]
+        with self.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO calibrations (host_id, measured_at, kind, gpu_a, gpu_b, size_bytes, bandwidth_gbps, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values,
+            )
+
+    def _insert(self, table: str, fields: dict[str, Any]) -> int:
+        cols = ", ".join(fields)
+        marks = ", ".join("?" for _ in fields)
+        with self.transaction() as conn:
+            cur = conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(fields.values()))
+            return int(cur.lastrowid)
+
+    # ----------------------------------------------------------------- reads
+    def runs(
+        self, *, task: str | None = None, model: str | None = None, status: str | None = None,
+        host_id: int | None = None, since: float | None = None, until: float | None = None,
+        order_by: str = "id", descending: bool = True, limit: int | None = 200, offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """Run history joined with both variants' headline figures: one dict per run."""
+        sortable = {
+            "id": "r.id", "task": "r.task_id", "model": "r.model", "status": "r.status",
+            "created": "r.created_at", "speedup": "c.speedup", "candidate_us": "c.median_us",
+            "baseline_us": "b.median_us",
+        }
+        if order_by not in sortable:
+            raise PkbError(f"Cannot sort runs by {order_by!r}; choose one of {', '.join(sortable)}.")
+        where, args = [], []
+        for column, value in (("r.task_id", task), ("r.model", model), ("r.status", status), ("r.host_id", host_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            where.append("r.created_at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("r.created_at < ?")
+            args.append(until)
+        sql = (
+            "SELECT r.*, h.hostname AS hostname, h.gpu_model AS gpu_model, "
+            "b.median_us AS baseline_median_us, b.correct AS baseline_correct, "
+            "c.median_us AS candidate_median_us, c.correct AS candidate_correct, c.speedup AS speedup, "
+            "c.roofline_fraction AS candidate_roofline_fraction, c.trials_passed AS trials_passed, "
+            "c.trials_total AS trials_total, c.max_abs_error AS max_abs_error "
+            "FROM runs r LEFT JOIN hosts h ON h.id = r.host_id "
+            "LEFT JOIN results b ON b.run_id = r.id AND b.variant = 'baseline' "
+            "LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate'"
+        )
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY {sortable[order_by]} {'DESC' if descending else 'ASC'}, r.id DESC"
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            args += [limit, offset]
+        return [dict(row) for row in self.conn.execute(sql, args)]
+
+    def count_runs(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+
+    def run(self, run_id: int) -> dict[str, Any]:
+        """One run with its results (by variant), trials, kernels, host and sources."""
+        row = self.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        if row is None:
+            raise PkbError(f"There is no run {run_id} in {self.path}; `pkb-tui runs` lists them.")
+        run = dict(row)
+        for key in ("request", "notes"):
+            if run.get(key):
+                run[key] = json.loads(run[key])
+        run["results"] = {}
+        for result in self.conn.execute("SELECT * FROM results WHERE run_id=?", (run_id,)):
+            result = dict(result)
+            if result.get("traffic"):
+                result["traffic"] = json.loads(result["traffic"])
+            run["results"][result["variant"]] = result
+        run["trials"] = []
+        for trial in self.conn.execute("SELECT * FROM trials WHERE run_id=? ORDER BY trial", (run_id,)):
+            trial = dict(trial)
+            if trial.get("detail"):
+                trial["detail"] = json.loads(trial["detail"])
+            run["trials"].append(trial)
+        run["kernels"] = [
+            dict(k) for k in self.conn.execute(
+                "SELECT * FROM kernels WHERE run_id=? ORDER BY variant, total_us DESC", (run_id,)
+            )
+        ]
+        host = self.conn.execute("SELECT * FROM hosts WHERE id=?", (run["host_id"],)).fetchone() if run["host_id"] else None
+        run["host"] = dict(host) if host else None
+        return run
+
+    def source(self, digest: str) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT * FROM sources WHERE hash=?", (digest,)).fetchone()
+        return dict(row) if row else None
+
+    def latest_calibration(self, host_id: int) -> dict[str, float]:
+        """The newest figure per calibration kind (and GPU pair) for a host, in GB/s."""
+        rows = self.conn.execute(
+            "SELECT kind, gpu_a, gpu_b, bandwidth_gbps, MAX(measured_at) FROM calibrations WHERE host_id=? "
+            "GROUP BY kind, gpu_a, gpu_b", (host_id,),
+        ).fetchall()
+        out: dict[str, float] = {}
+        for row in rows:
+            key = row["kind"] if row["gpu_a"] is None else f"{row['kind']}:{row['gpu_a']}-{row['gpu_b']}"
+            out[key] = row["bandwidth_gbps"]
+        return out
+
+    def leaderboard(self, *, task_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Per model over the latest finished run of each task: correct, fast_1, fast_1.5, geomean speedup.
+
+        fast_p counts tasks whose candidate is correct and whose speedup over the baseline is > p
+        (ParallelKernelBench's fast_p); the geometric mean runs over correct tasks with a speedup.
+        """
+        sql = (
+            "SELECT r.model, r.task_id, c.correct, c.speedup FROM runs r "
+            "JOIN (SELECT model, task_id, MAX(id) AS id FROM runs WHERE status NOT IN ('queued','running') "
+            "      GROUP BY model, task_id) latest ON latest.id = r.id "
+            "LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate'"
+        )
+        wanted = set(task_ids) if task_ids is not None else None
+        board: dict[str, dict[str, Any]] = {}
+        import math
+
+        for row in self.conn.execute(sql):
+            if wanted is not None and row["task_id"] not in wanted:
+                continue
+            entry = board.setdefault(row["model"], {
+                "model": row["model"], "tasks": 0, "correct": 0, "fast_1": 0, "fast_1_5": 0, "_logs": [],
+            })
+            entry["tasks"] += 1
+            if row["correct"]:
+                entry["correct"] += 1
+                speedup = row["speedup"]
+                if speedup is not None and speedup > 0:
+                    entry["_logs"].append(math.log(speedup))
+                    entry["fast_1"] += speedup > 1.0
+                    entry["fast_1_5"] += speedup > 1.5
+        out = []
+        for entry in board.values():
+            logs = entry.pop("_logs")
+            entry["geomean_speedup"] = math.exp(sum(logs) / len(logs)) if logs else None
+            out.append(entry)
+        return sorted(out, key=lambda e: (-e["correct"], -e["fast_1"], e["model"]))

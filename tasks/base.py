@@ -1,0 +1,254 @@
+"""The task contract and the registry that finds tasks by id.
+
+A task is one module under tasks/<family>/ that holds all of itself:
+
+    TASK = TaskSpec(id="all_reduce", title=..., family="collective", source=..., ...)
+
+    def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, ...]: ...   # this rank's inputs
+    def baseline(*inputs): ...                                           # PyTorch + torch.distributed
+    def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list: ...  # plain maths, no comms
+    def traffic(ctx: TaskContext) -> Traffic: ...                        # roofline model, per rank
+
+``baseline``'s signature is the solution signature; it returns a tensor, a tuple/list or a dict of
+tensors. ``reference`` gets every rank's inputs (made in one process with ``ctx.for_rank(r)``) and
+returns what each rank's baseline must return: it is how tests prove the baseline right.
+Modules whose name starts with "_" are helpers, not tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+from pkb_tui.errors import PkbError
+
+FAMILIES = (
+    "collective", "tensor", "sequence", "context", "expert", "data", "fsdp", "pipeline",
+    "vocab", "graph", "scientific", "other",
+)
+MODES = ("nccl", "shared-gpu", "cpu")
+SIZE_NAMES = ("small", "default", "large")
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|candidate - reference| <= atol + rtol * |reference|, element-wise."""
+
+    atol: float
+    rtol: float
+
+
+# Reductions in low precision need room that grows with the number of summed terms; these are the
+# defaults for one rounding per element of the output (tasks with reductions over ranks widen them).
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(1e-9, 1e-9),
+    "float32": Tolerance(1e-5, 1e-5),
+    "float16": Tolerance(1e-3, 1e-3),
+    "bfloat16": Tolerance(1e-2, 1e-2),
+}
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The roofline model of one rank for one call.
+
+    send_bytes / recv_bytes: the least bytes this rank must send to / receive from its peers over
+    the interconnect for any correct algorithm. memory_bytes: device-memory bytes it must read and
+    write at least. flops: arithmetic it must do. payload_bytes and bus_factor give the bus
+    bandwidth by the nccl-tests convention: busbw = payload_bytes / time * bus_factor.
+    """
+
+    send_bytes: int
+    recv_bytes: int
+    memory_bytes: int
+    flops: int = 0
+    payload_bytes: int = 0
+    bus_factor: float = 1.0
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes over the busier direction of this rank's links (links are full duplex)."""
+        return max(self.send_bytes, self.recv_bytes)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task is, in data. Everything the registry, CLI and TUI list comes from here."""
+
+    id: str
+    title: str
+    family: str
+    source: str  # the codebase or paper it is modelled on
+    why: str  # why its communication matters there
+    sizes: dict[str, dict[str, Any]]  # "small" (CPU, tests), "default" (8-GPU box), "large"
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    tolerances: dict[str, Tolerance] = field(default_factory=dict)  # missing dtypes: defaults
+    world_sizes: tuple[int, ...] | None = None  # None: any world size >= 1
+    min_world_size: int = 1
+    modes: tuple[str, ...] = MODES
+    mode_note: str = ""  # why a mode is missing, shown to the user
+
+    def tolerance(self, dtype: str) -> Tolerance:
+        return self.tolerances.get(dtype, DEFAULT_TOLERANCES[dtype])
+
+
+@dataclass
+class TaskContext:
+    """What make_inputs / traffic / reference know about the call: who, where, how big, which trial."""
+
+    rank: int
+    world_size: int
+    dtype_name: str
+    size: str
+    params: dict[str, Any]
+    seed: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    mode: str = "cpu"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype_name]
+
+    def for_rank(self, rank: int) -> "TaskContext":
+        return dataclasses.replace(self, rank=rank)
+
+    def generator(self, stream: int = 0) -> torch.Generator:
+        """A generator private to (trial seed, rank, stream), on this context's device.
+
+        Values depend only on these three and the device type, so a rank's inputs can be remade in
+        another process (tests, reference maths) and every trial gets fresh values.
+        """
+        digest = hashlib.blake2b(f"{self.seed}:{self.rank}:{stream}".encode(), digest_size=8).digest()
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF)
+        return gen
+
+    def randn(self, *shape: int, stream: int = 0, dtype: torch.dtype | None = None) -> torch.Tensor:
+        gen = self.generator(stream)
+        out = torch.randn(*shape, generator=gen, device=self.device, dtype=torch.float32)
+        return out.to(dtype or self.dtype)
+
+    def randint(self, low: int, high: int, shape: tuple[int, ...], *, stream: int = 0) -> torch.Tensor:
+        gen = self.generator(stream)
+        return torch.randint(low, high, shape, generator=gen, device=self.device, dtype=torch.int64)
+
+    def shared_generator(self, stream: int = 0) -> torch.Generator:
+        """Like generator() but the same on every rank (for values all ranks must agree on)."""
+        return self.for_rank(-1).generator(stream)
+
+
+@dataclass
+class Task:
+    """A loaded task: its spec plus the functions of its module."""
+
+    spec: TaskSpec
+    module: ModuleType
+    make_inputs: Callable[[TaskContext], tuple]
+    baseline: Callable[..., Any]
+    reference: Callable[[list, TaskContext], list]
+    traffic: Callable[[TaskContext], Traffic]
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def context(
+        self, *, rank: int, world_size: int, dtype: str, size: str, seed: int = 0,
+        device: torch.device | None = None, mode: str = "cpu",
+    ) -> TaskContext:
+        return TaskContext(
+            rank=rank, world_size=world_size, dtype_name=dtype, size=size,
+            params=dict(self.spec.sizes[size]), seed=seed,
+            device=device or torch.device("cpu"), mode=mode,
+        )
+
+    def check_request(self, *, world_size: int, mode: str, dtype: str, size: str) -> None:
+        """Raise PkbError saying what to change when this task cannot run as asked."""
+        spec = self.spec
+        if dtype not in spec.dtypes:
+            raise PkbError(
+                f"Task {spec.id} does not support dtype {dtype}; choose one of {', '.join(spec.dtypes)}."
+            )
+        if size not in spec.sizes:
+            raise PkbError(
+                f"Task {spec.id} has no size {size!r}; choose one of {', '.join(spec.sizes)}."
+            )
+        if mode not in spec.modes:
+            note = f" ({spec.mode_note})" if spec.mode_note else ""
+            raise PkbError(
+                f"Task {spec.id} does not run in {mode} mode{note}; it supports {', '.join(spec.modes)}."
+            )
+        if world_size < spec.min_world_size or (
+            spec.world_sizes is not None and world_size not in spec.world_sizes
+        ):
+            allowed = (
+                ", ".join(map(str, spec.world_sizes)) if spec.world_sizes is not None
+                else f">= {spec.min_world_size}"
+            )
+            raise PkbError(f"Task {spec.id} does not run at world size {world_size}; it supports {allowed}.")
+
+
+_REQUIRED = ("make_inputs", "baseline", "reference", "traffic")
+_registry: dict[str, Task] | None = None
+
+
+def _task_from_module(module: ModuleType) -> Task:
+    spec = module.TASK
+    missing = [name for name in _REQUIRED if not callable(getattr(module, name, None))]
+    if missing:
+        raise PkbError(f"Task module {module.__name__} lacks {', '.join(missing)}; see tasks/base.py.")
+    if spec.family not in FAMILIES:
+        raise PkbError(f"Task {spec.id} has unknown family {spec.family!r}; use one of {', '.join(FAMILIES)}.")
+    unknown_dtypes = [d for d in spec.dtypes if d not in DTYPES]
+    if unknown_dtypes:
+        raise PkbError(f"Task {spec.id} lists unknown dtypes {unknown_dtypes}.")
+    return Task(spec, module, *(getattr(module, name) for name in _REQUIRED))
+
+
+def _discover() -> dict[str, Task]:
+    import tasks as package
+
+    found: dict[str, Task] = {}
+    for info in pkgutil.walk_packages(package.__path__, prefix="tasks."):
+        leaf = info.name.rsplit(".", 1)[-1]
+        if leaf.startswith("_") or leaf == "base":
+            continue
+        module = importlib.import_module(info.name)
+        if not hasattr(module, "TASK"):
+            continue
+        task = _task_from_module(module)
+        if task.id in found:
+            raise PkbError(
+                f"Two task modules claim id {task.id!r}: {found[task.id].module.__name__} and {module.__name__}."
+            )
+        found[task.id] = task
+    return dict(sorted(found.items()))
+
+
+def all_tasks() -> dict[str, Task]:
+    """Every task, by id (imported once per process)."""
+    global _registry
+    if _registry is None:
+        _registry = _discover()
+    return _registry
+
+
+def load_task(task_id: str) -> Task:
+    tasks = all_tasks()
+    if task_id not in tasks:
+        raise PkbError(f"Unknown task {task_id!r}; `pkb-tui tasks` lists the {len(tasks)} known ones.")
+    return tasks[task_id]

@@ -1,0 +1,1 @@
+"""The eight basic collectives (NCCL's vocabulary)."""

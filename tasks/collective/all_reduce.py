@@ -1,0 +1,66 @@
+"""All-reduce (sum): every rank ends with the element-wise sum of every rank's tensor.
+
+The collective behind data-parallel gradient averaging (DDP, FSDP's no-shard path) and behind the
+row-parallel linear layers of tensor parallelism (Megatron-LM): the single most timed kernel of
+multi-GPU training.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tasks import _comm
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+
+TASK = TaskSpec(
+    id="all_reduce",
+    title="All-reduce (sum)",
+    family="collective",
+    source="NCCL ncclAllReduce; torch.distributed.all_reduce in DDP and Megatron-LM row-parallel layers",
+    why="Gradient averaging and tensor-parallel partial sums: bandwidth-bound at large sizes, "
+        "latency-bound at small ones.",
+    # Sizes are odd on purpose: chunking bugs hide behind powers of two.
+    sizes={
+        "small": {"numel": 10_007},
+        "default": {"numel": 64 * 1024 * 1024 + 13},
+        "large": {"numel": 512 * 1024 * 1024 + 7},
+    },
+    dtypes=("float32", "bfloat16", "float16"),
+    # A sum over n ranks rounds up to n-1 times; bf16 keeps 8 bits of mantissa.
+    tolerances={
+        "float32": Tolerance(atol=1e-5, rtol=1e-5),
+        "float16": Tolerance(atol=5e-3, rtol=5e-3),
+        "bfloat16": Tolerance(atol=5e-2, rtol=3e-2),
+    },
+)
+
+
+def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor]:
+    return (ctx.randn(ctx.params["numel"]),)
+
+
+def baseline(x: torch.Tensor) -> torch.Tensor:
+    out = x.clone()
+    _comm.all_reduce(out)
+    return out
+
+
+def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[torch.Tensor]:
+    total = torch.stack([inputs[0].double() for inputs in inputs_per_rank]).sum(0)
+    return [total.to(ctx.dtype) for _ in inputs_per_rank]
+
+
+def traffic(ctx: TaskContext) -> Traffic:
+    # Each rank holds S bytes. Any algorithm must get every other rank's contribution to each
+    # element into this rank: the ring (reduce-scatter + all-gather) sends and receives
+    # 2(n-1)/n * S per rank, which is the lower bound for bandwidth-optimal all-reduce.
+    n = ctx.world_size
+    size_bytes = ctx.params["numel"] * ctx.dtype.itemsize
+    wire = 2 * (n - 1) * size_bytes // n
+    return Traffic(
+        send_bytes=wire, recv_bytes=wire,
+        # read the input, write the output, read the n-1 incoming chunks twice (reduce, then store)
+        memory_bytes=2 * size_bytes + 2 * wire,
+        flops=(n - 1) * ctx.params["numel"] // n if n > 1 else 0,
+        payload_bytes=size_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+    )
