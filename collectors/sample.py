@@ -1,0 +1,48 @@
+"""The records every sampler produces and every reader (sink, TUI, monitor) consumes.
+
+A field that the device or host cannot measure is None ("not available"), never 0.
+Field names match the samples / link_samples columns of pkb_tui/store/schema.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LinkSample:
+    link: int
+    tx_bytes_per_s: float | None = None
+    rx_bytes_per_s: float | None = None
+
+
+@dataclass
+class GpuSample:
+    ts: float  # Unix seconds
+    gpu: int  # GPU index; -1 for the host sampler's row
+    nvlink_tx_bytes_per_s: float | None = None
+    nvlink_rx_bytes_per_s: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    sm_util_pct: float | None = None
+    mem_util_pct: float | None = None
+    dram_bw_util_pct: float | None = None
+    tensor_active_pct: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    temperature_c: float | None = None
+    memory_used_bytes: float | None = None
+    cpu_pct: float | None = None
+    host_memory_used_bytes: float | None = None
+    loopback_bytes_per_s: float | None = None
+    links: list[LinkSample] = field(default_factory=list)
+    run_id: int | None = None
+
+
+SAMPLE_COLUMNS = (
+    "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
+    "sm_util_pct", "mem_util_pct", "dram_bw_util_pct", "tensor_active_pct", "power_w", "sm_clock_mhz",
+    "mem_clock_mhz", "temperature_c", "memory_used_bytes", "cpu_pct", "host_memory_used_bytes",
+    "loopback_bytes_per_s",
+)
