@@ -1,0 +1,159 @@
+"""The one comparison function: is a candidate's output the reference's, within the task's tolerance?
+
+Outputs are a tensor, a tuple/list or a dict of tensors (nested allowed). Shapes and dtypes must
+match exactly; NaN or Inf where the reference is finite never passes; integer and bool tensors must
+be equal. Also here: the checks around the call (poisoning freed memory, aliasing of outputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from tasks.base import Tolerance
+
+
+@dataclass
+class Comparison:
+    correct: bool
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    message: str | None = None  # first reason it failed, in words
+
+    def merge(self, other: "Comparison") -> "Comparison":
+        return Comparison(
+            correct=self.correct and other.correct,
+            max_abs_error=_max(self.max_abs_error, other.max_abs_error),
+            max_rel_error=_max(self.max_rel_error, other.max_rel_error),
+            message=self.message or other.message,
+        )
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+def compare_outputs(candidate: Any, reference: Any, tol: Tolerance, where: str = "output") -> Comparison:
+    if isinstance(reference, torch.Tensor):
+        if not isinstance(candidate, torch.Tensor):
+            return Comparison(False, message=f"{where}: expected a tensor, got {type(candidate).__name__}")
+        return _compare_tensors(candidate, reference, tol, where)
+    if isinstance(reference, (tuple, list)):
+        if not isinstance(candidate, (tuple, list)) or len(candidate) != len(reference):
+            got = f"{type(candidate).__name__} of {len(candidate)}" if isinstance(candidate, (tuple, list)) else type(candidate).__name__
+            return Comparison(False, message=f"{where}: expected a sequence of {len(reference)}, got {got}")
+        result = Comparison(True, 0.0, 0.0)
+        for index, (c, r) in enumerate(zip(candidate, reference)):
+            result = result.merge(compare_outputs(c, r, tol, f"{where}[{index}]"))
+        return result
+    if isinstance(reference, dict):
+        if not isinstance(candidate, dict) or set(candidate) != set(reference):
+            keys = sorted(candidate) if isinstance(candidate, dict) else type(candidate).__name__
+            return Comparison(False, message=f"{where}: expected keys {sorted(reference)}, got {keys}")
+        result = Comparison(True, 0.0, 0.0)
+        for key in reference:
+            result = result.merge(compare_outputs(candidate[key], reference[key], tol, f"{where}[{key!r}]"))
+        return result
+    if reference is None:
+        ok = candidate is None
+        return Comparison(ok, message=None if ok else f"{where}: expected None")
+    ok = candidate == reference
+    return Comparison(bool(ok), message=None if ok else f"{where}: expected {reference!r}, got {candidate!r}")
+
+
+def _compare_tensors(candidate: torch.Tensor, reference: torch.Tensor, tol: Tolerance, where: str) -> Comparison:
+    if candidate.shape != reference.shape:
+        return Comparison(False, message=f"{where}: shape {tuple(candidate.shape)}, expected {tuple(reference.shape)}")
+    if candidate.dtype != reference.dtype:
+        return Comparison(False, message=f"{where}: dtype {candidate.dtype}, expected {reference.dtype}")
+    if candidate.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+    cand = candidate.detach()
+    ref = reference.detach().to(cand.device)
+    if not (ref.is_floating_point() or ref.is_complex()):
+        wrong = int((cand != ref).sum().item())
+        abs_err = float((cand.double() - ref.double()).abs().max().item()) if ref.dtype != torch.bool else float(wrong > 0)
+        if wrong:
+            return Comparison(False, abs_err, None, f"{where}: {wrong} of {ref.numel()} elements differ")
+        return Comparison(True, 0.0, 0.0)
+    c64, r64 = cand.double(), ref.double()
+    ref_finite = torch.isfinite(r64)
+    bad_nonfinite = (~torch.isfinite(c64)) & ref_finite
+    diff = (c64 - r64).abs()
+    diff = torch.where(ref_finite, diff, torch.zeros_like(diff))
+    # Positions where the reference itself is NaN/Inf must match exactly (rare: masked outputs).
+    mismatched_special = (~ref_finite) & ~((c64 == r64) | (torch.isnan(c64) & torch.isnan(r64)))
+    allowed = tol.atol + tol.rtol * r64.abs()
+    over = (diff > allowed) & ref_finite
+    max_abs = float(diff.max().item())
+    max_rel = float((diff / r64.abs().clamp_min(tol.atol if tol.atol > 0 else 1e-30)).max().item())
+    if bool(bad_nonfinite.any()):
+        count = int(bad_nonfinite.sum().item())
+        return Comparison(False, float("inf"), float("inf"), f"{where}: {count} NaN/Inf element(s) where the reference is finite")
+    if bool(mismatched_special.any()):
+        return Comparison(False, max_abs, max_rel, f"{where}: NaN/Inf positions differ from the reference")
+    if bool(over.any()):
+        count = int(over.sum().item())
+        first = int(over.flatten().nonzero()[0].item())
+        return Comparison(
+            False, max_abs, max_rel,
+            f"{where}: {count} of {ref.numel()} elements outside tolerance (atol {tol.atol:g}, rtol {tol.rtol:g}); "
+            f"max abs error {max_abs:.3g}, first at flat index {first}",
+        )
+    return Comparison(True, max_abs, max_rel)
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+def _span(t: torch.Tensor) -> tuple[str, int, int] | None:
+    storage = t.untyped_storage()
+    if storage.nbytes() == 0:
+        return None
+    start = storage.data_ptr()
+    return (str(t.device), start, start + storage.nbytes())
+
+
+def find_aliasing(outputs: Any, inputs: Iterable[Any], earlier_outputs: Iterable[Any] = ()) -> str | None:
+    """A sentence when an output shares memory with an input or with an earlier call's output."""
+    def spans(values: Iterable[Any]) -> list[tuple[str, int, int]]:
+        return [s for v in values for t in tensors_in(v) if (s := _span(t)) is not None]
+
+    out_spans = spans([outputs])
+    for label, others in (("an input", spans(inputs)), ("an earlier call's output", spans(earlier_outputs))):
+        for dev, start, end in out_spans:
+            for odev, ostart, oend in others:
+                if dev == odev and start < oend and ostart < end:
+                    return f"an output shares memory with {label}"
+    seen: list[tuple[str, int, int]] = []
+    for span in out_spans:
+        if any(span[0] == s[0] and span[1] < s[2] and s[1] < span[2] for s in seen):
+            return "two outputs share memory"
+        seen.append(span)
+    return None
+
+
+def poison_free_memory(nbytes: int, device: torch.device) -> None:
+    """Fill memory the allocator will hand out next with NaN bit patterns (0xFF bytes).
+
+    A candidate that returns torch.empty(...) without writing every element then shows NaN
+    instead of stale correct values left by an earlier call.
+    """
+    if nbytes <= 0:
+        return
+    block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    block.fill_(0xFF)
+    del block
