@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Traffic
+from tasks.collective._common import FLAT_SIZES, SUM_OVER_RANKS_TOLERANCES
 
 TASK = TaskSpec(
     id="all_reduce",
@@ -19,19 +20,9 @@ TASK = TaskSpec(
     source="NCCL ncclAllReduce; torch.distributed.all_reduce in DDP and Megatron-LM row-parallel layers",
     why="Gradient averaging and tensor-parallel partial sums: bandwidth-bound at large sizes, "
         "latency-bound at small ones.",
-    # Sizes are odd on purpose: chunking bugs hide behind powers of two.
-    sizes={
-        "small": {"numel": 10_007},
-        "default": {"numel": 64 * 1024 * 1024 + 13},
-        "large": {"numel": 512 * 1024 * 1024 + 7},
-    },
+    sizes=FLAT_SIZES,  # odd on purpose: chunking bugs hide behind powers of two
     dtypes=("float32", "bfloat16", "float16"),
-    # A sum over n ranks rounds up to n-1 times; bf16 keeps 8 bits of mantissa.
-    tolerances={
-        "float32": Tolerance(atol=1e-5, rtol=1e-5),
-        "float16": Tolerance(atol=5e-3, rtol=5e-3),
-        "bfloat16": Tolerance(atol=5e-2, rtol=3e-2),
-    },
+    tolerances=SUM_OVER_RANKS_TOLERANCES,  # derived and measured in _common.py
 )
 
 
