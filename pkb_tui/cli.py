@@ -1,0 +1,352 @@
+"""`pkb-tui`: the headless CLI on the same engine as the dashboard.
+
+With no command it opens the dashboard (Textual, imported only then). Errors a user can hit print
+one sentence (no traceback unless --verbose). Exit codes: 0 every candidate correct, 1 some
+candidate incorrect or failed, 2 usage error, 3 harness error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+from pkb_tui.errors import EXIT_CANDIDATE_FAILED, EXIT_HARNESS, EXIT_OK, EXIT_USAGE, PkbError
+
+STATUS_MARKS = {
+    "passed": "✓", "failed": "✗", "error": "!", "timeout": "⏱", "interrupted": "◼", "running": "…", "queued": "·",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # usage errors: one sentence, exit 2
+        raise PkbError(f"{message} (see `{self.prog} --help`).")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pkb-tui", description="Evaluate multi-GPU communication kernels.")
+    parser.add_argument("--db", help="database file (default ./runs.db or $PKB_DB)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="show tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run tasks against solution sets")
+    run.add_argument("--task", required=True, help="task id(s), comma separated, or 'all'")
+    run.add_argument("--model", required=True, help="solution set name(s) or path(s), comma separated; 'baseline' runs the baseline")
+    run.add_argument("--world-size", type=int, default=2)
+    run.add_argument("--mode", choices=["auto", "nccl", "shared-gpu", "cpu"], default="auto")
+    run.add_argument("--dtype", default="float32")
+    run.add_argument("--size", default="small", help="small, default or large")
+    run.add_argument("--trials", type=int, default=3)
+    run.add_argument("--timeout", type=float, default=300.0, help="seconds per run (task x model)")
+    run.add_argument("--iterations", type=int, default=30, help="timed iterations per variant")
+    run.add_argument("--warmup", type=int, default=5)
+    run.add_argument("--no-timing", action="store_true", help="check correctness only")
+    run.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--json", action="store_true", help="print one JSON document")
+    run.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    for name, helptext in (("tasks", "list tasks"), ("models", "list solution sets")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--json", action="store_true")
+        if name == "tasks":
+            p.add_argument("--family", help="only this family")
+
+    runs = sub.add_parser("runs", help="run history")
+    runs.add_argument("--task")
+    runs.add_argument("--model")
+    runs.add_argument("--status")
+    runs.add_argument("--limit", type=int, default=50)
+    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    show = sub.add_parser("show", help="one run in full")
+    show.add_argument("run_id", type=int)
+    show.add_argument("--json", action="store_true")
+    show.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    monitor = sub.add_parser("monitor", help="live NVLink/PCIe/utilisation with no run going")
+    monitor.add_argument("--duration", type=float, help="seconds (default: until Ctrl-C)")
+    monitor.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes")
+    monitor.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    monitor.add_argument("--no-record", action="store_true", help="do not write samples to the database")
+    monitor.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    calibrate = sub.add_parser("calibrate", help="measure this host's memory, peer and NCCL bandwidths")
+    calibrate.add_argument("--quick", action="store_true")
+    calibrate.add_argument("--json", action="store_true")
+    calibrate.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv or "-v" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        db = Path(getattr(args, "sub_db", None) or args.db) if (getattr(args, "sub_db", None) or args.db) else None
+        if args.command is None:
+            from pkb_tui.app import run_app
+            from pkb_tui.store import default_db_path
+
+            return run_app(db or default_db_path())
+        handler = COMMANDS[args.command]
+        return handler(args, db, out)
+    except PkbError as exc:
+        if verbose:
+            traceback.print_exc()
+        print(f"pkb-tui: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("pkb-tui: interrupted.", file=sys.stderr)
+        return EXIT_CANDIDATE_FAILED
+    except Exception as exc:  # a harness bug: say so, keep the traceback behind --verbose
+        if verbose:
+            traceback.print_exc()
+        print(f"pkb-tui: internal error: {type(exc).__name__}: {exc} (run with --verbose for the traceback).", file=sys.stderr)
+        return EXIT_HARNESS
+
+
+# ---------------------------------------------------------------------- run
+def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.engine.launcher import Launcher
+    from pkb_tui.engine.request import RunRequest
+    from pkb_tui.store import Store
+
+    request = RunRequest(
+        tasks=_split(args.task), models=_split(args.model), world_size=args.world_size,
+        mode=None if args.mode == "auto" else args.mode, dtype=args.dtype, size=args.size,
+        trials=args.trials, timeout_s=args.timeout, timing=not args.no_timing, warmup=args.warmup,
+        iterations=args.iterations, profile=not args.no_profile, seed=args.seed,
+    )
+    launcher = Launcher(db)
+    Store(launcher.db_path).close()  # a bad --db fails here, before anything launches
+    items = launcher.plan(request)
+    progress = _Progress(sys.stderr, len(items), quiet=args.json)
+    outcome = launcher.run(request, on_event=progress)
+    progress.done()
+    with Store(launcher.db_path) as store:
+        runs = [_run_summary(store.run(run_id)) for run_id in outcome.run_ids]
+    if args.json:
+        json.dump({"db": str(launcher.db_path), "runs": runs, "skipped": outcome.skipped}, out, indent=2, default=_json_default)
+        out.write("\n")
+    else:
+        _print_runs_table(runs, out)
+        for sentence in outcome.skipped:
+            out.write(f"skipped: {sentence}\n")
+        notes = {n for r in runs for n in (r.get("notes") or [])}
+        for note in sorted(notes):
+            out.write(f"note: {note}\n")
+    return EXIT_OK if outcome.all_passed else EXIT_CANDIDATE_FAILED
+
+
+class _Progress:
+    """One line per finished run on stderr (the table comes at the end)."""
+
+    def __init__(self, stream: TextIO, total: int, quiet: bool) -> None:
+        self.stream, self.total, self.quiet, self.finished = stream, total, quiet, 0
+        self.t0 = time.monotonic()
+
+    def __call__(self, event: Any, run_id: int | None) -> None:
+        if self.quiet:
+            return
+        from pkb_tui.engine import events as ev
+
+        if isinstance(event, ev.RunFinished):
+            self.finished += 1
+            mark = STATUS_MARKS.get(event.status, "?")
+            detail = f" ({event.detail.splitlines()[0][:120]})" if event.detail else ""
+            self.stream.write(f"[{self.finished}/{self.total}] run {run_id}: {mark} {event.status}{detail}\n")
+            self.stream.flush()
+
+    def done(self) -> None:
+        if not self.quiet:
+            self.stream.write(f"finished in {time.monotonic() - self.t0:.1f} s\n")
+
+
+def _run_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """The per-run JSON document of `run --json` and `show --json` (a stable public shape)."""
+    results = run.get("results", {})
+    baseline, candidate = results.get("baseline", {}), results.get("candidate", {})
+    keep = ("correct", "trials_passed", "trials_total", "max_abs_error", "max_rel_error", "worst_rank",
+            "median_us", "p10_us", "p90_us", "mean_us", "min_us", "max_us", "iterations", "bus_bandwidth_gbps",
+            "roofline_floor_us", "roofline_fraction", "roofline_bound", "bandwidth_source",
+            "link_bytes_per_iter", "pcie_bytes_per_iter", "traffic_flag", "traffic")
+    return {
+        "id": run["id"], "task": run["task_id"], "model": run["model"], "status": run["status"],
+        "status_detail": run.get("status_detail"), "mode": run["mode"], "world_size": run["world_size"],
+        "dtype": run["dtype"], "size": run["size"],
+        "correct": bool(candidate.get("correct")) if candidate else False,
+        "baseline": {k: baseline.get(k) for k in keep} if baseline else None,
+        "candidate": {k: candidate.get(k) for k in keep} if candidate else None,
+        "speedup": candidate.get("speedup") if candidate else None,
+        "timings_representative": bool(run.get("timings_representative")),
+        "mps_enabled": None if run.get("mps_enabled") is None else bool(run["mps_enabled"]),
+        "notes": run.get("notes") or [], "log_path": run.get("log_path"), "trace_path": run.get("trace_path"),
+        "started_at": run.get("started_at"), "finished_at": run.get("finished_at"),
+    }
+
+
+def _print_runs_table(runs: list[dict[str, Any]], out: TextIO) -> None:
+    header = ("run", "task", "model", "status", "trials", "baseline µs", "candidate µs", "speedup", "roofline")
+    rows = []
+    for r in runs:
+        b, c = r.get("baseline") or {}, r.get("candidate") or {}
+        trials = f"{c.get('trials_passed') or 0}/{c.get('trials_total') or 0}" if c else "-"
+        rows.append((
+            str(r["id"]), r["task"], r["model"], f"{STATUS_MARKS.get(r['status'], '?')} {r['status']}", trials,
+            _num(b.get("median_us")), _num(c.get("median_us")),
+            f"{r['speedup']:.2f}x" if r.get("speedup") else "-",
+            f"{c['roofline_fraction'] * 100:.1f}%" if c.get("roofline_fraction") is not None else "-",
+        ))
+    _print_table(header, rows, out)
+    for r in runs:
+        if r["status"] not in ("passed",) and r.get("status_detail"):
+            out.write(f"run {r['id']} ({r['task']} / {r['model']}): {r['status_detail'].splitlines()[0][:200]}\n")
+
+
+def _print_table(header: Sequence[str], rows: list[Sequence[str]], out: TextIO) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    numeric = {i for i, h in enumerate(header) if h.endswith(("µs", "speedup", "roofline", "run", "calls"))}
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    out.write(line(header) + "\n")
+    for row in rows:
+        out.write(line(row) + "\n")
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if value < 1e5 else f"{value:,.0f}"
+
+
+def _split(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _json_default(value: Any) -> Any:
+    return str(value)
+
+
+# ---------------------------------------------------------------------- listings
+def cmd_tasks(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from tasks import all_tasks
+
+    tasks = [t for t in all_tasks().values() if not args.family or t.spec.family == args.family]
+    if args.family and not tasks:
+        raise PkbError(f"No task in family {args.family!r}.")
+    if args.json:
+        json.dump([{
+            "id": t.id, "title": t.spec.title, "family": t.spec.family, "source": t.spec.source, "why": t.spec.why,
+            "sizes": list(t.spec.sizes), "dtypes": list(t.spec.dtypes), "modes": list(t.spec.modes),
+            "world_sizes": list(t.spec.world_sizes) if t.spec.world_sizes else None,
+            "min_world_size": t.spec.min_world_size,
+        } for t in tasks], out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    rows = [(t.id, t.spec.family, ",".join(t.spec.modes), t.spec.source[:70]) for t in tasks]
+    _print_table(("task", "family", "modes", "source"), rows, out)
+    return EXIT_OK
+
+
+def cmd_models(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.engine.solutions import list_models
+    from tasks import all_tasks
+
+    task_ids = list(all_tasks())
+    models = list_models()
+    if args.json:
+        json.dump([{
+            "name": m.name, "path": str(m.path) if m.path else None, "manifest": m.manifest,
+            "tasks": m.covers(task_ids),
+        } for m in models], out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    rows = [(m.name, f"{len(m.covers(task_ids))}/{len(task_ids)}", m.manifest.get("backend", "-"), str(m.path or "(built in)"))
+            for m in models]
+    _print_table(("model", "tasks", "backend", "path"), rows, out)
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.store import Store
+
+    with Store(db) as store:
+        rows = store.runs(task=args.task, model=args.model, status=args.status, limit=args.limit)
+    if args.json:
+        json.dump(rows, out, indent=2, default=_json_default)
+        out.write("\n")
+        return EXIT_OK
+    table = [(
+        str(r["id"]), _when(r["created_at"]), r["task_id"], r["model"], f"{STATUS_MARKS.get(r['status'], '?')} {r['status']}",
+        r["mode"], str(r["world_size"]), _num(r["baseline_median_us"]), _num(r["candidate_median_us"]),
+        f"{r['speedup']:.2f}x" if r.get("speedup") else "-",
+    ) for r in rows]
+    _print_table(("run", "when", "task", "model", "status", "mode", "ranks", "baseline µs", "candidate µs", "speedup"), table, out)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.store import Store
+
+    with Store(db) as store:
+        run = store.run(args.run_id)
+    summary = _run_summary(run)
+    if args.json:
+        json.dump({**summary, "trials": run["trials"], "kernels": run["kernels"], "host": run["host"]}, out, indent=2, default=_json_default)
+        out.write("\n")
+        return EXIT_OK
+    out.write(f"run {run['id']}: {run['task_id']} / {run['model']}  {STATUS_MARKS.get(run['status'], '?')} {run['status']}\n")
+    out.write(f"  {run['mode']} mode, world size {run['world_size']}, {run['dtype']}, size {run['size']}, {run['trials']} trials\n")
+    if run.get("status_detail"):
+        out.write(f"  detail: {run['status_detail']}\n")
+    for note in summary["notes"]:
+        out.write(f"  note: {note}\n")
+    _print_runs_table([summary], out)
+    for trial in run["trials"]:
+        label = "timed" if trial["trial"] < 0 else str(trial["trial"])
+        mark = "✓" if trial["correct"] else "✗"
+        err = f"max abs err {trial['max_abs_error']:.3g}" if trial["max_abs_error"] is not None else ""
+        out.write(f"  trial {label}: {mark} {err} {trial['message'] or ''}\n")
+    if run["kernels"]:
+        rows = [(k["variant"], str(k["rank"]), k["category"], k["name"][:60], str(k["calls"]), _num(k["total_us"]))
+                for k in run["kernels"] if k["rank"] == 0][:12]
+        _print_table(("variant", "rank", "category", "kernel", "calls", "total µs"), rows, out)
+    if run.get("log_path"):
+        out.write(f"  log: {run['log_path']}\n")
+    return EXIT_OK if run["status"] == "passed" else EXIT_CANDIDATE_FAILED
+
+
+def _when(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else "-"
+
+
+def cmd_monitor(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from collectors.monitor import monitor_command
+    from pkb_tui.store import default_db_path
+
+    return monitor_command(str(db or default_db_path()), args.duration, args.interval, args.json, not args.no_record, out=out)
+
+
+def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.engine.calibrate import calibrate_command
+    from pkb_tui.store import default_db_path
+
+    return calibrate_command(str(db or default_db_path()), args.json, args.quick, out=out)
+
+
+COMMANDS = {
+    "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show,
+    "monitor": cmd_monitor, "calibrate": cmd_calibrate,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

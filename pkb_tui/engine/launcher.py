@@ -1,0 +1,584 @@
+"""Turns a RunRequest into runs in the database: one torchrun launch for a whole batch.
+
+torchrun (python -m torch.distributed.run) is started as a child process in its own session, with
+an explicit free port. The ranks (engine.worker) stay up for every item of the batch; rank 0
+writes events to a file that this launcher tails, storing what they carry. Only the launcher
+writes run results. A run that hangs past its timeout, or a rank that dies, ends that run as
+timeout / error; the whole process tree is killed, and the rest of the batch goes on in a fresh
+launch. Cancelling (or Ctrl-C) kills the tree and records the run as interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pkb_tui.engine import events as ev
+from pkb_tui.engine.modes import choose_mode
+from pkb_tui.engine.request import RunItem, RunRequest
+from pkb_tui.engine.solutions import BASELINE_MODEL, PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
+from pkb_tui.errors import HarnessError, PkbError
+from pkb_tui.store import Store, default_db_path
+from tasks.base import SIZE_NAMES, Traffic, all_tasks, load_task
+
+EventCallback = Callable[[ev.Event, "int | None"], None]
+
+STARTUP_TIMEOUT_S = 180.0  # torchrun + N Python processes importing torch, on a loaded 2-core box
+HEARTBEAT_TIMEOUT_S = 60.0
+# Never let a rank switch NVLink multicast on (it can take a shared host's GPUs out of service).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass
+class BatchOutcome:
+    run_ids: list[int]
+    statuses: dict[int, str]
+    skipped: list[str] = field(default_factory=list)  # sentences: pairs not run and why
+
+    @property
+    def all_passed(self) -> bool:
+        return bool(self.statuses) and all(s == "passed" for s in self.statuses.values())
+
+
+@dataclass
+class _RunState:
+    run_id: int
+    item: RunItem
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    timed_check: dict[str, Any] | None = None
+    timings: dict[str, ev.Timing] = field(default_factory=dict)
+    link_bytes: dict[str, ev.LinkBytes] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    started: bool = False
+    finished: bool = False
+    status: str = "queued"
+
+
+class Launcher:
+    def __init__(self, db_path: Path | str | None = None, *, runs_dir: Path | str | None = None) -> None:
+        self.db_path = Path(db_path) if db_path is not None else default_db_path()
+        self.runs_dir = Path(runs_dir) if runs_dir is not None else self.db_path.resolve().parent / "pkb-runs"
+        self.telemetry = None  # a collectors.telemetry.Telemetry while a batch runs
+        self.skipped: list[str] = []
+        self._proc: subprocess.Popen | None = None
+
+    # ------------------------------------------------------------------ planning (no processes)
+    def plan(self, request: RunRequest) -> list[RunItem]:
+        """Resolve and check everything that can be checked before launching; raise PkbError."""
+        if request.trials < 1:
+            raise PkbError(f"--trials must be at least 1 (got {request.trials}).")
+        if request.timeout_s <= 0:
+            raise PkbError(f"--timeout must be positive (got {request.timeout_s}).")
+        if request.size not in SIZE_NAMES:
+            raise PkbError(f"Unknown size {request.size!r}; choose one of {', '.join(SIZE_NAMES)}.")
+        mode = choose_mode(request.world_size, request.mode)
+        every = request.tasks == ["all"]
+        task_ids = list(all_tasks()) if every else list(dict.fromkeys(request.tasks))
+        if not task_ids:
+            raise PkbError("No task given; pass --task ID[,ID...] or --task all.")
+        tasks = [load_task(t) for t in task_ids]
+        models = [find_model(m) for m in dict.fromkeys(request.models)]
+        if not models:
+            raise PkbError("No model given; pass --model NAME|PATH[,...] (baseline runs the baseline itself).")
+        self.skipped = []
+        items: list[RunItem] = []
+        for task in tasks:
+            try:
+                task.check_request(world_size=request.world_size, mode=mode, dtype=request.dtype, size=request.size)
+            except PkbError as exc:
+                if every:
+                    self.skipped.append(str(exc))
+                    continue
+                raise
+            for model in models:
+                solution = None if model.is_baseline else model.solution_file(task.id)
+                if not model.is_baseline and solution is None:
+                    message = f"Model {model.name} has no solution for task {task.id} (looked in {model.path})."
+                    if every or len(tasks) > 1:
+                        self.skipped.append(message)
+                        continue
+                    raise PkbError(message)
+                if solution is not None:
+                    validate_solution_file(solution, task.id, baseline_arity(task.baseline))
+                items.append(RunItem(
+                    index=len(items), task=task.id, model=model.name,
+                    model_path=str(model.path) if model.path else None,
+                    solution_path=str(solution) if solution else None,
+                ))
+        if not items:
+            raise PkbError("Nothing to run: " + " ".join(self.skipped or ["no task and model pair applies."]))
+        return items
+
+    # ------------------------------------------------------------------ running
+    def run(
+        self, request: RunRequest, *, on_event: EventCallback | None = None,
+        cancel: threading.Event | None = None,
+    ) -> BatchOutcome:
+        items = self.plan(request)
+        mode = choose_mode(request.world_size, request.mode)
+        cancel = cancel or threading.Event()
+        store = Store(self.db_path)
+        batch_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        batch_dir = self.runs_dir / batch_id
+        batch_dir.mkdir(parents=True, exist_ok=True)
+        self._batch_dir = batch_dir
+        states = self._create_runs(store, request, items, mode, batch_id, batch_dir)
+        self._start_telemetry()
+        mps = self._start_mps(mode)
+        try:
+            remaining = list(items)
+            launch = 0
+            while remaining:
+                if cancel.is_set():
+                    break
+                launch += 1
+                remaining = self._launch(
+                    store, request, mode, remaining, states, batch_dir, launch, mps, on_event, cancel,
+                )
+        except KeyboardInterrupt:
+            cancel.set()
+            raise
+        finally:
+            self._kill_tree()
+            for state in states.values():
+                if not state.finished:
+                    detail = "cancelled by the user" if cancel.is_set() else "the batch stopped before this run"
+                    self._finish(store, state, "interrupted", detail, on_event)
+            if mps is not None:
+                mps.stop()
+            self._stop_telemetry()
+            store.close()
+        statuses = {s.run_id: s.status for s in states.values()}
+        return BatchOutcome([s.run_id for s in states.values()], statuses, list(self.skipped))
+
+    def _create_runs(
+        self, store: Store, request: RunRequest, items: list[RunItem], mode: str, batch_id: str, batch_dir: Path,
+    ) -> dict[int, _RunState]:
+        states: dict[int, _RunState] = {}
+        for item in items:
+            task = load_task(item.task)
+            baseline_file = Path(task.module.__file__)
+            baseline_hash = store.add_source(str(baseline_file.relative_to(PROJECT_ROOT)) if baseline_file.is_relative_to(PROJECT_ROOT) else str(baseline_file), baseline_file.read_text())
+            candidate_hash = baseline_hash
+            if item.solution_path:
+                candidate_hash = store.add_source(item.solution_path, Path(item.solution_path).read_text())
+            run_id = store.create_run({
+                "batch_id": batch_id, "task_id": item.task, "model": item.model, "model_path": item.model_path,
+                "world_size": request.world_size, "mode": mode, "dtype": request.dtype, "size": request.size,
+                "trials": request.trials, "timeout_s": request.timeout_s,
+                "request": {**request.to_dict(), "mode": mode, "item": item.to_dict()},
+                "status": "queued", "baseline_source_hash": baseline_hash, "candidate_source_hash": candidate_hash,
+                "timings_representative": int(mode != "shared-gpu"),
+                "log_path": str(batch_dir / f"item{item.index:03d}.rank0.log"),
+            })
+            states[item.index] = _RunState(run_id=run_id, item=item)
+        return states
+
+    def _launch(
+        self, store: Store, request: RunRequest, mode: str, items: list[RunItem], states: dict[int, _RunState],
+        batch_dir: Path, launch: int, mps, on_event: EventCallback | None, cancel: threading.Event,
+    ) -> list[RunItem]:
+        """One torchrun for these items. Returns the items still to run (after a timeout/crash)."""
+        scratch = batch_dir / "scratch"
+        scratch.mkdir(exist_ok=True)
+        events_path = batch_dir / f"events.{launch}.jsonl"
+        events_path.touch()
+        spec_path = batch_dir / f"spec.{launch}.json"
+        spec_path.write_text(json.dumps({
+            "request": request.to_dict(), "items": [i.to_dict() for i in items], "mode": mode,
+            "events_path": str(events_path), "log_dir": str(batch_dir), "scratch_dir": str(scratch),
+            "launcher_pid": os.getpid(), "heartbeat_s": 1.0,
+        }))
+        port = _free_port()
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", str(request.world_size), "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "--max-restarts", "0", "--monitor-interval", "0.2",
+            "-m", "pkb_tui.engine.worker", str(spec_path),
+        ]
+        env = dict(os.environ)
+        env.update(SAFE_ENV)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        if mode == "cpu":
+            env.setdefault("OMP_NUM_THREADS", "1")
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        if mps is not None:
+            env.update(mps.env)
+        launch_log = batch_dir / "launch.log"
+        with open(launch_log, "ab") as log:
+            log.write(f"\n=== launch {launch}: {' '.join(cmd)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=str(scratch), start_new_session=True,
+            )
+        tail = _EventTail(events_path)
+        pending = {item.index for item in items}
+        current: int | None = None
+        started = time.monotonic()
+        deadline = started + STARTUP_TIMEOUT_S + request.timeout_s
+        last_beat = started
+        any_run_started = False
+
+        def handle(event: ev.Event) -> None:
+            nonlocal current, deadline, last_beat, any_run_started
+            last_beat = time.monotonic()
+            item_index = getattr(event, "item", None)
+            state = states.get(item_index) if item_index is not None else None
+            if isinstance(event, ev.BatchStarted):
+                self._on_batch_started(store, states, items, event)
+            elif isinstance(event, ev.RunStarted) and state is not None:
+                current, any_run_started = event.item, True
+                deadline = time.monotonic() + request.timeout_s
+                state.started = True
+                store.update_run(state.run_id, status="running", started_at=time.time())
+                if self.telemetry is not None:
+                    self.telemetry.set_run(state.run_id)
+            elif isinstance(event, ev.TrialResult) and state is not None:
+                row = {
+                    "trial": event.trial, "correct": event.correct, "max_abs_error": event.max_abs_error,
+                    "max_rel_error": event.max_rel_error, "worst_rank": event.worst_rank,
+                    "message": event.message, "detail": event.ranks,
+                }
+                store.add_trials(state.run_id, [row])
+                if event.trial < 0:
+                    state.timed_check = row
+                else:
+                    state.trials.append(row)
+            elif isinstance(event, ev.Timing) and state is not None:
+                state.timings[event.variant] = event
+            elif isinstance(event, ev.LinkBytes) and state is not None:
+                state.link_bytes[event.variant] = event
+            elif isinstance(event, ev.Kernels) and state is not None:
+                store.add_kernels(state.run_id, [{**k, "variant": event.variant, "rank": event.rank} for k in event.kernels])
+                if event.trace_path:
+                    store.update_run(state.run_id, trace_path=event.trace_path)
+            elif isinstance(event, ev.Error) and state is not None:
+                state.errors.append(f"{event.where}: {event.message}")
+            elif isinstance(event, ev.RunFinished) and state is not None:
+                self._finish(store, state, event.status, event.detail, None, request=request)
+                pending.discard(event.item)
+                current = None
+                deadline = time.monotonic() + request.timeout_s
+            run_id = state.run_id if state is not None else None
+            if on_event is not None:
+                on_event(event, run_id)
+
+        outcome: tuple[str, str] | None = None  # (status for the current run, detail)
+        while True:
+            for event in tail.read():
+                handle(event)
+            returncode = self._proc.poll()
+            now = time.monotonic()
+            if returncode is not None:
+                for event in tail.read():
+                    handle(event)
+                if not pending:
+                    break
+                log_tail = _tail_text(launch_log, 1500)
+                outcome = ("error", f"a rank process died (torchrun exit code {returncode}); last output:\n{log_tail}")
+                break
+            if cancel.is_set():
+                outcome = ("interrupted", "cancelled by the user")
+                break
+            if now > deadline:
+                what = "the run" if current is not None else "the ranks' start-up"
+                outcome = ("timeout", f"{what} took longer than its timeout ({request.timeout_s:g} s); the ranks were killed")
+                break
+            if any_run_started and now - last_beat > HEARTBEAT_TIMEOUT_S:
+                outcome = ("timeout", f"no heartbeat from rank 0 for {HEARTBEAT_TIMEOUT_S:g} s; the ranks were killed")
+                break
+            time.sleep(0.05)
+        self._kill_tree()
+        if outcome is None:
+            return []
+        status, detail = outcome
+        if current is not None:
+            state = states[current]
+            if state.errors and status == "error":
+                detail = "; ".join(state.errors[-3:]) + "\n" + detail
+            self._finish(store, state, status, detail, on_event, request=request)
+            pending.discard(current)
+        elif not any_run_started and status != "interrupted":
+            # The ranks never reached a run: relaunching would fail the same way.
+            for index in sorted(pending):
+                self._finish(store, states[index], "error", f"the ranks did not start: {detail}", on_event, request=request)
+            return []
+        if status == "interrupted":
+            return []
+        return [item for item in items if item.index in pending]
+
+    # ------------------------------------------------------------------ results
+    def _on_batch_started(self, store: Store, states: dict[int, _RunState], items: list[RunItem], event: ev.BatchStarted) -> None:
+        host = dict(event.host)
+        host_id = store.upsert_host(host)
+        self._host = host
+        self._host_id = host_id
+        self._calibration = store.latest_calibration(host_id)
+        for item in items:
+            store.update_run(
+                states[item.index].run_id, host_id=host_id, mps_enabled=event.mps_enabled,
+                timings_representative=int(event.timings_representative), notes=event.notes,
+            )
+
+    def _finish(
+        self, store: Store, state: _RunState, status: str, detail: str | None,
+        on_event: EventCallback | None, *, request: RunRequest | None = None,
+    ) -> None:
+        if state.finished:
+            return
+        state.finished = True
+        state.status = status
+        if state.errors and not detail:
+            detail = "; ".join(state.errors[-3:])
+        log_path = self._merge_logs(state)
+        store.update_run(state.run_id, status=status, status_detail=detail, finished_at=time.time(),
+                         **({"log_path": str(log_path)} if log_path else {}))
+        if request is not None:
+            self._store_results(store, state, request)
+        if self.telemetry is not None:
+            self.telemetry.set_run(None)
+        if on_event is not None:
+            on_event(ev.RunFinished(item=state.item.index, status=status, detail=detail), state.run_id)
+
+    def _store_results(self, store: Store, state: _RunState, request: RunRequest) -> None:
+        traffic = self._traffic(state.item.task, request)
+        trials = state.trials
+        passed = sum(1 for t in trials if t["correct"])
+        worst = max(trials, key=lambda t: (not t["correct"], t["max_abs_error"] or 0.0), default=None)
+        timed_ok = state.timed_check["correct"] if state.timed_check else True
+        baseline_t = state.timings.get("baseline")
+        for variant in ("baseline", "candidate"):
+            timing_event = state.timings.get(variant)
+            fields: dict[str, Any] = {"traffic": traffic.__dict__ if traffic else None}
+            if variant == "baseline":
+                fields.update(correct=1, trials_passed=len(trials), trials_total=len(trials))
+            else:
+                if not trials:
+                    fields.update(correct=None, trials_passed=0, trials_total=0)
+                else:
+                    fields.update(
+                        correct=int(passed == len(trials) and timed_ok and state.status == "passed"),
+                        trials_passed=passed, trials_total=len(trials),
+                        max_abs_error=worst["max_abs_error"] if worst else None,
+                        max_rel_error=worst["max_rel_error"] if worst else None,
+                        worst_rank=worst["worst_rank"] if worst else None,
+                    )
+            if timing_event is not None:
+                fields.update(
+                    median_us=timing_event.median_us, p10_us=timing_event.p10_us, p90_us=timing_event.p90_us,
+                    mean_us=timing_event.mean_us, min_us=timing_event.min_us, max_us=timing_event.max_us,
+                    iterations=timing_event.iterations,
+                )
+                if variant == "candidate" and baseline_t is not None and timing_event.median_us > 0:
+                    fields["speedup"] = baseline_t.median_us / timing_event.median_us
+                fields.update(self._roofline(traffic, timing_event.median_us, request))
+            link = state.link_bytes.get(variant)
+            if link is not None:
+                fields["link_bytes_per_iter"] = link.nvlink_bytes_per_iter
+                fields["pcie_bytes_per_iter"] = link.pcie_bytes_per_iter
+                fields["traffic_flag"] = _traffic_flag(link, traffic, request)
+            store.add_result(state.run_id, variant, fields)
+
+    def _traffic(self, task_id: str, request: RunRequest) -> Traffic | None:
+        """The task's roofline model, the busiest rank's figure for each quantity."""
+        try:
+            task = load_task(task_id)
+            per_rank = [
+                task.traffic(task.context(rank=r, world_size=request.world_size, dtype=request.dtype, size=request.size))
+                for r in range(request.world_size)
+            ]
+        except Exception:
+            return None
+        return Traffic(
+            send_bytes=max(t.send_bytes for t in per_rank), recv_bytes=max(t.recv_bytes for t in per_rank),
+            memory_bytes=max(t.memory_bytes for t in per_rank), flops=max(t.flops for t in per_rank),
+            payload_bytes=max(t.payload_bytes for t in per_rank), bus_factor=per_rank[0].bus_factor,
+        )
+
+    def _roofline(self, traffic: Traffic | None, median_us: float, request: RunRequest) -> dict[str, Any]:
+        if traffic is None or median_us <= 0:
+            return {}
+        try:
+            from pkb_tui.engine import roofline
+        except ImportError:
+            return {}
+        try:
+            mode = choose_mode(request.world_size, request.mode)
+            bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), mode, request.world_size)
+            result = roofline.evaluate(traffic, median_us, bandwidths, request.dtype)
+        except Exception:
+            return {}
+        return {
+            "roofline_floor_us": result.floor_us, "roofline_fraction": result.fraction,
+            "roofline_bound": result.bound, "bus_bandwidth_gbps": result.bus_bandwidth_gbps,
+            "bandwidth_source": result.bandwidth_source,
+        }
+
+    def _merge_logs(self, state: _RunState) -> Path | None:
+        """Every rank's output for this run, in one file, lines prefixed by rank."""
+        parts = sorted(self._batch_dir.glob(f"item{state.item.index:03d}.rank*.log"))
+        if not parts:
+            return None
+        merged = parts[0].parent / f"run-{state.run_id}.log"
+        with open(merged, "w") as out:
+            for part in parts:
+                rank = part.name.split(".rank")[1].split(".")[0]
+                for line in part.read_text(errors="replace").splitlines():
+                    out.write(f"[rank {rank}] {line}\n")
+        return merged
+
+    # ------------------------------------------------------------------ helpers: telemetry, MPS, processes
+    def _start_telemetry(self) -> None:
+        try:
+            from collectors.telemetry import Telemetry
+        except ImportError:
+            return
+        try:
+            self.telemetry = Telemetry(self.db_path, interval_s=0.1, record=True)
+            self.telemetry.start()
+        except Exception:
+            self.telemetry = None
+
+    def _stop_telemetry(self) -> None:
+        if self.telemetry is not None:
+            try:
+                self.telemetry.stop()
+            finally:
+                self.telemetry = None
+
+    def _start_mps(self, mode: str):
+        if mode != "shared-gpu":
+            return None
+        try:
+            from pkb_tui.engine.mps import MpsDaemon
+        except ImportError:
+            return None
+        daemon = MpsDaemon()
+        daemon.start()
+        return daemon
+
+    def _kill_tree(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        kill_process_tree(proc.pid)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def kill_process_tree(pid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM then SIGKILL a process and all its descendants (torchrun puts ranks in new sessions,
+    so killing its process group alone would orphan them)."""
+    victims = [pid, *_descendants(pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for victim in victims:
+            try:
+                os.kill(victim, sig)
+                alive.append(victim)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return
+        victims = alive + [d for v in alive for d in _descendants(v) if d not in alive]
+        end = time.monotonic() + grace_s
+        while sig == signal.SIGTERM and time.monotonic() < end:
+            if not any(_alive(v) for v in victims):
+                return
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail_text(path: Path, limit: int) -> str:
+    try:
+        data = path.read_bytes()[-limit:]
+    except OSError:
+        return ""
+    return data.decode(errors="replace").strip()
+
+
+def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, request: RunRequest) -> str | None:
+    if traffic is None:
+        return None
+    try:
+        from collectors.counters import traffic_flag
+    except ImportError:
+        return None
+    mode = choose_mode(request.world_size, request.mode)
+    try:
+        return traffic_flag(link.nvlink_bytes_per_iter, traffic.wire_bytes, mode=mode)
+    except Exception:
+        return None
+
+
+class _EventTail:
+    """Reads complete JSON lines appended to the event file since the last read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[ev.Event]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        out = []
+        for line in lines:
+            event = ev.parse_event(line.decode(errors="replace"))
+            if event is not None:
+                out.append(event)
+        return out
