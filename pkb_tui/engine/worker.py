@@ -136,9 +136,16 @@ class Rank:
             self._redirect_output(item)
             try:
                 self.run_item(item)
-            except Exception as exc:  # the harness itself failed on this item: report, go on
-                self.emit(ev.Error(item=item.index, where="harness", message=str(exc), traceback=traceback.format_exc(), rank=self.rank))
-                self.emit(ev.RunFinished(item=item.index, status="error", detail=f"harness error: {exc}"))
+            except Exception as exc:
+                # Outside the candidate's own calls, an exception means the ranks are out of step
+                # (a peer died, a collective broke): report it and end this launch; the launcher
+                # records the run as error and relaunches the rest of the batch.
+                traceback.print_exc()
+                self.emit(ev.Error(item=item.index, where="harness", message=f"rank {self.rank}: {exc}",
+                                   traceback=traceback.format_exc(), rank=self.rank))
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(1)
             self.current_item = None
         self.emit(ev.BatchFinished(status="finished"))
         try:

@@ -1,0 +1,141 @@
+"""The engine end to end on CPU: real torchrun launches, real gloo ranks, a real SQLite file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pkb_tui.store import Store
+from tests.conftest import fixture_model
+
+COLLECTIVES = "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,reduce,gather,scatter"
+FAST = ("--trials", "2", "--iterations", "5", "--warmup", "1")
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_collective_baseline_against_torch_p2p_in_one_launch(cli, tmp_db: Path, world_size: int) -> None:
+    result = cli("run", "--task", COLLECTIVES, "--model", "torch-p2p", "--world-size", str(world_size),
+                 "--mode", "cpu", "--no-profile", *FAST, "--json")
+    doc = result.json()
+    assert result.code == 0, result.err + result.out
+    assert [r["task"] for r in doc["runs"]] == COLLECTIVES.split(",")
+    for run in doc["runs"]:
+        assert run["status"] == "passed", run
+        assert run["correct"] is True
+        assert run["baseline"]["median_us"] > 0 and run["candidate"]["median_us"] > 0
+        assert run["speedup"] == pytest.approx(run["baseline"]["median_us"] / run["candidate"]["median_us"])
+    with Store(tmp_db) as store:
+        runs = store.runs(limit=None)
+        assert len(runs) == 8 and len({r["batch_id"] for r in runs}) == 1  # one batch
+        launches = list(Path(runs[0]["log_path"]).parent.glob("spec.*.json"))
+        assert len(launches) == 1  # ranks stayed up for the whole batch
+        for run in runs:
+            full = store.run(run["id"])
+            assert len([t for t in full["trials"] if t["trial"] >= 0]) == 2
+            assert store.source(full["candidate_source_hash"])["text"].strip()
+            assert full["baseline_source_hash"] != full["candidate_source_hash"]
+
+
+def test_wrong_caching_aliasing_and_clock_patching_candidates(cli, tmp_db: Path) -> None:
+    models = ",".join(fixture_model(m) for m in ("wrong", "cache", "alias", "clock-cheat"))
+    result = cli("run", "--task", "all_reduce", "--model", models, "--world-size", "2", "--mode", "cpu",
+                 "--trials", "3", "--iterations", "20", "--warmup", "2", "--json")
+    assert result.code == 1, result.err
+    by_model = {r["model"]: r for r in result.json()["runs"]}
+    wrong = by_model["wrong"]
+    assert wrong["status"] == "failed" and not wrong["correct"]
+    assert wrong["candidate"]["max_abs_error"] > 0.1  # the missing rank's contribution, as a figure
+    cache = by_model["cache"]
+    assert cache["status"] == "failed"
+    with Store(tmp_db) as store:
+        trials = store.run(cache["id"])["trials"]
+    assert trials[0]["correct"] and not trials[1]["correct"]  # right once, wrong on fresh inputs
+    alias = by_model["alias"]
+    assert alias["status"] == "failed"
+    with Store(tmp_db) as store:
+        messages = [t["message"] or "" for t in store.run(alias["id"])["trials"]]
+    assert any("shares memory with an input" in m for m in messages)
+    cheat = by_model["clock-cheat"]
+    assert cheat["status"] == "passed"
+    # The patched clocks return constants: had they reached the harness, times would read 0.
+    assert cheat["candidate"]["median_us"] > 0 and cheat["baseline"]["median_us"] > 0
+    assert 0.1 < cheat["speedup"] < 10  # same algorithm as the baseline: a ratio near 1, not infinity
+
+
+def test_hung_and_crashing_candidates_end_their_runs_and_the_batch_goes_on(cli, tmp_db: Path) -> None:
+    models = f"{fixture_model('crash')},{fixture_model('hang')}"
+    result = cli("run", "--task", "all_reduce,broadcast", "--model", models, "--world-size", "2",
+                 "--mode", "cpu", "--timeout", "15", "--no-profile", *FAST, "--json")
+    assert result.code == 1
+    doc = result.json()
+    statuses = {(r["task"], r["model"]): r["status"] for r in doc["runs"]}
+    assert statuses == {("all_reduce", "crash"): "error", ("all_reduce", "hang"): "timeout", ("broadcast", "hang"): "passed"}
+    assert any("crash has no solution for task broadcast" in s for s in doc["skipped"])
+    crash = next(r for r in doc["runs"] if r["model"] == "crash")
+    assert "died" in crash["status_detail"]
+    with Store(tmp_db) as store:
+        batch = {r["batch_id"] for r in store.runs(limit=None)}
+        assert len(batch) == 1
+        hang = store.run(next(r["id"] for r in doc["runs"] if r["model"] == "hang" and r["task"] == "all_reduce"))
+    assert "timeout" in hang["status_detail"]
+    assert Path(hang["log_path"]).exists()
+
+
+def _worker_pids(marker: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "pkb_tui.engine.worker" in cmdline and marker in cmdline:
+                pids.append(int(entry))
+    return pids
+
+
+def test_a_killed_launcher_leaves_an_interrupted_run_and_no_orphan_ranks(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    runs_dir = tmp_path / "pkb-runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pkb_tui.cli", "--db", str(db), "run", "--task", "all_reduce", "--model",
+         fixture_model("hang"), "--world-size", "2", "--mode", "cpu", "--timeout", "600", "--no-profile"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        status = None
+        while time.monotonic() < deadline:
+            if db.exists():
+                try:
+                    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+                    row = conn.execute("SELECT status FROM runs").fetchone()
+                    conn.close()
+                    status = row[0] if row else None
+                except sqlite3.Error:
+                    status = None
+            if status == "running":
+                break
+            time.sleep(0.2)
+        assert status == "running"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with Store(db) as store:
+        (run,) = store.runs(limit=None)
+        assert run["status"] == "interrupted"
+    # The ranks notice their launcher is gone (heartbeat watchdog) and exit.
+    deadline = time.monotonic() + 30
+    while _worker_pids(str(runs_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _worker_pids(str(runs_dir)) == []

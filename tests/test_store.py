@@ -1,0 +1,88 @@
+"""The store on a real SQLite file: schema, recovery of interrupted runs, history and leaderboard."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pkb_tui.errors import PkbError
+from pkb_tui.store import Store
+from pkb_tui.store.schema import SCHEMA_VERSION
+
+
+def _run(store: Store, task: str, model: str, status: str, speedup: float | None, correct: bool, **extra) -> int:
+    run_id = store.create_run({
+        "batch_id": "b", "task_id": task, "model": model, "world_size": 2, "mode": "cpu", "dtype": "float32",
+        "size": "small", "trials": 1, "timeout_s": 10, "request": {}, "status": status, **extra,
+    })
+    store.add_result(run_id, "baseline", {"correct": 1, "median_us": 100.0})
+    store.add_result(run_id, "candidate", {"correct": int(correct), "median_us": 100.0 / speedup if speedup else None, "speedup": speedup})
+    return run_id
+
+
+def test_a_new_database_gets_the_current_schema_in_wal_mode(tmp_path: Path) -> None:
+    with Store(tmp_path / "runs.db") as store:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        tables = {r[0] for r in store.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"hosts", "runs", "results", "trials", "kernels", "samples", "link_samples", "sources", "calibrations"} <= tables
+
+
+def test_a_database_from_a_newer_pkb_tui_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    Store(db).close()
+    conn = sqlite3.connect(db)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(PkbError, match="newer than this pkb-tui knows"):
+        Store(db)
+
+
+def test_runs_left_running_by_a_dead_launcher_become_interrupted(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with Store(tmp_path / "runs.db") as store:
+        mine = _run(store, "all_reduce", "m", "running", None, False)  # this process: alive
+        orphan = _run(store, "all_reduce", "m", "running", None, False, launcher_pid=dead.pid)
+    with Store(tmp_path / "runs.db") as store:
+        assert store.run(orphan)["status"] == "interrupted"
+        assert store.run(mine)["status"] == "running"
+
+
+def test_sources_are_stored_once_by_hash(tmp_path: Path) -> None:
+    with Store(tmp_path / "runs.db") as store:
+        a = store.add_source("x.py", "def solution(x):\n    return x\n")
+        b = store.add_source("y.py", "def solution(x):\n    return x\n")
+        assert a == b
+        assert store.conn.execute("SELECT COUNT(*) FROM sources").fetchone()[0] == 1
+
+
+def test_leaderboard_figures_match_the_rows(tmp_path: Path) -> None:
+    with Store(tmp_path / "runs.db") as store:
+        _run(store, "t1", "alpha", "passed", 2.0, True)
+        _run(store, "t2", "alpha", "passed", 1.2, True)
+        _run(store, "t3", "alpha", "failed", None, False)
+        _run(store, "t1", "beta", "passed", 0.5, True)
+        _run(store, "t1", "beta", "passed", 0.8, True)  # newer run of the same task wins
+        board = {e["model"]: e for e in store.leaderboard()}
+    assert board["alpha"]["tasks"] == 3 and board["alpha"]["correct"] == 2
+    assert board["alpha"]["fast_1"] == 2 and board["alpha"]["fast_1_5"] == 1
+    assert board["alpha"]["geomean_speedup"] == pytest.approx(math.sqrt(2.0 * 1.2))
+    assert board["beta"]["tasks"] == 1 and board["beta"]["fast_1"] == 0
+    assert board["beta"]["geomean_speedup"] == pytest.approx(0.8)
+
+
+def test_history_filters_and_sorts(tmp_path: Path) -> None:
+    with Store(tmp_path / "runs.db") as store:
+        _run(store, "t1", "alpha", "passed", 2.0, True)
+        _run(store, "t2", "alpha", "failed", None, False)
+        _run(store, "t1", "beta", "passed", 3.0, True)
+        assert [r["model"] for r in store.runs(task="t1", order_by="speedup")] == ["beta", "alpha"]
+        assert [r["task_id"] for r in store.runs(status="failed")] == ["t2"]
+        with pytest.raises(PkbError, match="Cannot sort runs by"):
+            store.runs(order_by="nonsense")
