@@ -1,0 +1,286 @@
+"""Where samples go: a bounded in-memory ring for live readers, and one SQLite writer per database.
+
+- RingBuffer: the last N samples in memory. The TUI and `monitor` read it (latest per GPU, a column's
+  recent values) without touching the disk.
+- SampleSink: ``put()`` never blocks the sampler; a writer thread with its own connection writes
+  whatever has queued up in one transaction (executemany into samples and link_samples), every
+  ``flush_interval_s`` or as soon as ``batch_rows`` are waiting.
+- apply_retention: raw samples older than ``raw_keep_s`` become per-second averages
+  (resolution '1s'), so a database that has monitored for weeks stays small and fast. NULLs stay
+  NULL through averaging: "not available" never turns into 0.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import sqlite3
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Iterable
+
+from collectors.sample import SAMPLE_COLUMNS, GpuSample
+
+_SAMPLE_INSERT = (
+    f"INSERT INTO samples (ts, host_id, run_id, gpu, {', '.join(SAMPLE_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in range(4 + len(SAMPLE_COLUMNS)))})"
+)
+_LINK_INSERT = "INSERT INTO link_samples (ts, run_id, gpu, link, tx_bytes_per_s, rx_bytes_per_s) VALUES (?, ?, ?, ?, ?, ?)"
+_sample_fields = operator.attrgetter("ts", "run_id", "gpu", *SAMPLE_COLUMNS)
+
+
+# ------------------------------------------------------------------------------------ ring buffer
+class RingBuffer:
+    """The last ``capacity`` samples (all GPUs interleaved), safe to read while a sampler appends."""
+
+    def __init__(self, capacity: int = 36_000) -> None:
+        self.capacity = capacity
+        self._samples: deque[GpuSample] = deque(maxlen=capacity)
+        self._latest: dict[int, GpuSample] = {}
+        self._lock = threading.Lock()
+        self.appended = 0  # samples ever appended: readers can tell whether anything is new
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def append(self, samples: Iterable[GpuSample]) -> None:
+        with self._lock:
+            for sample in samples:
+                self._samples.append(sample)
+                self._latest[sample.gpu] = sample
+                self.appended += 1
+
+    def snapshot(self, since_ts: float | None = None) -> list[GpuSample]:
+        """Samples in time order; with ``since_ts`` only those strictly newer (for incremental reads)."""
+        with self._lock:
+            if since_ts is None:
+                return list(self._samples)
+            newer = []
+            for sample in reversed(self._samples):
+                if sample.ts <= since_ts:
+                    break
+                newer.append(sample)
+        newer.reverse()
+        return newer
+
+    def latest_per_gpu(self) -> dict[int, GpuSample]:
+        with self._lock:
+            return dict(sorted(self._latest.items()))
+
+    def series(self, gpu: int, column: str, n: int) -> list[float | None]:
+        """The last ``n`` values of ``column`` for ``gpu``, oldest first (None: not available)."""
+        if column not in SAMPLE_COLUMNS:
+            raise ValueError(f"unknown sample column {column!r}; one of {', '.join(SAMPLE_COLUMNS)}")
+        out: list[float | None] = []
+        with self._lock:
+            for sample in reversed(self._samples):
+                if sample.gpu == gpu:
+                    out.append(getattr(sample, column))
+                    if len(out) >= n:
+                        break
+        out.reverse()
+        return out
+
+
+# ------------------------------------------------------------------------------------ SQLite sink
+def _open_for_writing(db_path: str | Path) -> sqlite3.Connection:
+    """A connection of our own on a migrated database, in WAL mode."""
+    from pkb_tui.store.store import Store, connect
+
+    Store(db_path, recover=False).close()  # creates / migrates the schema if needed
+    conn = connect(db_path)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def write_samples(conn: sqlite3.Connection, samples: list[GpuSample], host_id: int | None = None) -> tuple[int, int]:
+    """Insert samples and their links in one transaction; returns (sample rows, link rows)."""
+    rows = [(s.ts, host_id) + _sample_fields(s)[1:] for s in samples]
+    links = [
+        (s.ts, s.run_id, s.gpu, link.link, link.tx_bytes_per_s, link.rx_bytes_per_s)
+        for s in samples if s.links for link in s.links
+    ]
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(_SAMPLE_INSERT, rows)
+        if links:
+            conn.executemany(_LINK_INSERT, links)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return len(rows), len(links)
+
+
+class SampleSink:
+    """One writer thread per database; ``put`` only queues.
+
+    If the disk cannot keep up, the oldest queued samples are dropped beyond ``max_pending``
+    (counted in ``dropped``), never the sampler slowed. A write error is kept in ``error`` and the
+    batch counted as dropped; the sink keeps going.
+    """
+
+    def __init__(
+        self, db_path: str | Path, *, host_id: int | None = None, batch_rows: int = 5_000,
+        flush_interval_s: float = 0.5, max_pending: int = 1_000_000, raw_keep_s: float | None = None,
+        retention_every_s: float = 600.0,
+    ) -> None:
+        self.db_path = Path(db_path)
+        self.host_id = host_id
+        self.batch_rows = batch_rows
+        self.flush_interval_s = flush_interval_s
+        self.max_pending = max_pending
+        self.raw_keep_s = raw_keep_s
+        self.retention_every_s = retention_every_s
+        self.rows_written = 0
+        self.link_rows_written = 0
+        self.transactions = 0
+        self.dropped = 0
+        self.error: str | None = None
+        self._pending: deque[GpuSample] = deque()
+        self._queued = 0  # samples ever queued
+        self._done = 0  # samples ever written or dropped
+        self._cond = threading.Condition()
+        self._closing = False
+        self._conn = _open_for_writing(self.db_path)  # fail here, in the caller, if the db is unusable
+        self._last_retention = -math.inf
+        self._thread = threading.Thread(target=self._run, name=f"pkb-sample-sink:{self.db_path.name}", daemon=True)
+        self._thread.start()
+
+    def put(self, samples: list[GpuSample]) -> None:
+        if not samples:
+            return
+        with self._cond:
+            if self._closing:
+                return
+            self._pending.extend(samples)
+            self._queued += len(samples)
+            overflow = len(self._pending) - self.max_pending
+            for _ in range(max(0, overflow)):
+                self._pending.popleft()
+                self.dropped += 1
+                self._done += 1
+            if len(self._pending) >= self.batch_rows:
+                self._cond.notify_all()
+
+    def flush(self, timeout_s: float | None = 30.0) -> bool:
+        """Wait until everything queued so far is written; False on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            target = self._queued
+            self._cond.notify_all()
+            while self._done < target and self._thread.is_alive():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            return self._done >= target
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> "SampleSink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _take(self) -> list[GpuSample]:
+        batch = list(self._pending)
+        self._pending.clear()
+        return batch
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if not self._pending and not self._closing:
+                        self._cond.wait(self.flush_interval_s)
+                    closing = self._closing
+                    batch = self._take()
+                if batch:
+                    self._write(batch)
+                self._maybe_retain()
+                if closing:
+                    with self._cond:
+                        batch = self._take()
+                    if batch:
+                        self._write(batch)
+                    return
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+            self._conn.close()
+
+    def _write(self, batch: list[GpuSample]) -> None:
+        try:
+            rows, links = write_samples(self._conn, batch, self.host_id)
+            self.rows_written += rows
+            self.link_rows_written += links
+            self.transactions += 1
+        except sqlite3.Error as exc:
+            self.error = f"could not write {len(batch)} samples to {self.db_path}: {exc}"
+            self.dropped += len(batch)
+        with self._cond:
+            self._done += len(batch)
+            self._cond.notify_all()
+
+    def _maybe_retain(self) -> None:
+        if self.raw_keep_s is None or time.monotonic() - self._last_retention < self.retention_every_s:
+            return
+        self._last_retention = time.monotonic()
+        try:
+            apply_retention(self._conn, self.raw_keep_s)
+        except sqlite3.Error as exc:
+            self.error = f"retention on {self.db_path} failed: {exc}"
+
+
+# ------------------------------------------------------------------------------------ retention
+def apply_retention(conn_or_path: sqlite3.Connection | str | Path, raw_keep_s: float, now: float | None = None) -> int:
+    """Replace raw samples older than ``raw_keep_s`` by per-second averages; returns raw rows replaced.
+
+    The cut falls on a whole second, so no second is ever split between a raw and an averaged part.
+    An averaged row's ts is the mean of its raw rows' ts (inside its second).
+    """
+    own = not isinstance(conn_or_path, sqlite3.Connection)
+    conn = _open_for_writing(conn_or_path) if own else conn_or_path
+    cutoff = math.floor((time.time() if now is None else now) - raw_keep_s)
+    averages = ", ".join(f"AVG({c})" for c in SAMPLE_COLUMNS)
+    statements = [
+        (f"INSERT INTO samples (ts, host_id, run_id, gpu, resolution, {', '.join(SAMPLE_COLUMNS)}) "
+         f"SELECT AVG(ts), host_id, run_id, gpu, '1s', {averages} FROM samples "
+         f"WHERE resolution = 'raw' AND ts < ? GROUP BY host_id, run_id, gpu, CAST(ts AS INTEGER)"),
+        "DELETE FROM samples WHERE resolution = 'raw' AND ts < ?",
+        ("INSERT INTO link_samples (ts, run_id, gpu, link, resolution, tx_bytes_per_s, rx_bytes_per_s) "
+         "SELECT AVG(ts), run_id, gpu, link, '1s', AVG(tx_bytes_per_s), AVG(rx_bytes_per_s) FROM link_samples "
+         "WHERE resolution = 'raw' AND ts < ? GROUP BY run_id, gpu, link, CAST(ts AS INTEGER)"),
+        "DELETE FROM link_samples WHERE resolution = 'raw' AND ts < ?",
+    ]
+    try:
+        began = not conn.in_transaction
+        if began:
+            conn.execute("BEGIN IMMEDIATE")
+        try:
+            replaced = 0
+            for statement in statements:
+                cur = conn.execute(statement, (cutoff,))
+                if statement.startswith("DELETE FROM samples"):
+                    replaced = cur.rowcount
+        except BaseException:
+            if began:
+                conn.execute("ROLLBACK")
+            raise
+        if began:
+            conn.execute("COMMIT")
+        return replaced
+    finally:
+        if own:
+            conn.close()

@@ -1,0 +1,148 @@
+"""The sample sink and ring buffer against a real SQLite file made through pkb_tui.store.Store."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from collectors.sample import GpuSample, LinkSample
+from collectors.sink import RingBuffer, SampleSink, apply_retention
+from pkb_tui.store.store import Store, connect
+
+
+def gpu_sample(ts: float, gpu: int = 0, *, tx: float | None = 1e9, links: int = 0, run_id: int | None = None) -> GpuSample:
+    return GpuSample(
+        ts=ts, gpu=gpu, nvlink_tx_bytes_per_s=tx, nvlink_rx_bytes_per_s=2e9, power_w=300.0 + ts % 7,
+        temperature_c=None, run_id=run_id,
+        links=[LinkSample(link=l, tx_bytes_per_s=1e8 * (l + 1), rx_bytes_per_s=None) for l in range(links)],
+    )
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "runs.db"
+    Store(path).close()
+    return path
+
+
+def test_samples_and_links_are_written_with_nulls_kept(db):
+    with SampleSink(db, host_id=None) as sink:
+        sink.put([gpu_sample(100.0, 0, links=3, run_id=7), gpu_sample(100.0, 1, tx=None)])
+        assert sink.flush()
+    conn = connect(db, readonly=True)
+    rows = conn.execute("SELECT * FROM samples ORDER BY gpu").fetchall()
+    assert [(r["gpu"], r["run_id"], r["resolution"]) for r in rows] == [(0, 7, "raw"), (1, None, "raw")]
+    assert rows[0]["nvlink_tx_bytes_per_s"] == 1e9
+    assert rows[1]["nvlink_tx_bytes_per_s"] is None  # not available stays NULL, never 0
+    assert rows[0]["temperature_c"] is None
+    links = conn.execute("SELECT link, tx_bytes_per_s, rx_bytes_per_s, run_id FROM link_samples ORDER BY link").fetchall()
+    assert [tuple(l) for l in links] == [(0, 1e8, None, 7), (1, 2e8, None, 7), (2, 3e8, None, 7)]
+
+
+def test_many_small_puts_become_few_transactions(db):
+    sink = SampleSink(db, batch_rows=500, flush_interval_s=30.0)
+    for k in range(50):
+        sink.put([gpu_sample(1000.0 + k * 0.1 + g * 0.001, g) for g in range(10)])
+    assert sink.flush()
+    sink.close()
+    assert sink.rows_written == 500
+    assert 1 <= sink.transactions <= 2
+    assert connect(db, readonly=True).execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 500
+
+
+def test_a_reader_reads_while_the_sink_writes(db):
+    sink = SampleSink(db, batch_rows=200, flush_interval_s=0.01)
+    counts: list[int] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        conn = connect(db, readonly=True, timeout_s=5.0)
+        try:
+            while not done.is_set():
+                counts.append(conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0])
+        except BaseException as exc:  # "database is locked" would land here
+            errors.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for k in range(100):
+        sink.put([gpu_sample(2000.0 + k * 0.01, g, links=2) for g in range(8)])
+    assert sink.flush()
+    done.set()
+    thread.join()
+    sink.close()
+    assert not errors
+    assert counts == sorted(counts)  # the reader only ever sees whole transactions, growing
+    assert sink.transactions > 1  # there was writing to read through
+    assert connect(db, readonly=True).execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 800
+
+
+def test_close_writes_what_is_still_queued_and_later_puts_are_ignored(db):
+    sink = SampleSink(db, batch_rows=10**6, flush_interval_s=60.0)
+    sink.put([gpu_sample(5.0 + k, 0) for k in range(30)])
+    sink.close()
+    sink.put([gpu_sample(99.0)])
+    assert connect(db, readonly=True).execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 30
+
+
+def test_retention_replaces_old_raw_rows_by_per_second_averages(db):
+    with SampleSink(db) as sink:
+        samples = []
+        for tenth in range(100):  # 10 s at 10 Hz, two GPUs, from t = 10000
+            ts = 10_000 + tenth / 10
+            for g in (0, 1):
+                s = gpu_sample(ts, g, tx=float(tenth) if g == 0 else None, links=1)
+                s.power_w = 100.0 + tenth % 10
+                samples.append(s)
+        sink.put(samples)
+        sink.flush()
+    conn = Store(db).conn
+    replaced = apply_retention(conn, raw_keep_s=5.5, now=10_010.0)  # cut at floor(10004.5) = 10004
+    assert replaced == 4 * 10 * 2  # seconds 10000..10003, 10 raw rows per GPU each
+    rows = conn.execute(
+        "SELECT gpu, ts, nvlink_tx_bytes_per_s, power_w FROM samples WHERE resolution='1s' ORDER BY gpu, ts"
+    ).fetchall()
+    assert len(rows) == 4 * 2
+    gpu0 = [r for r in rows if r["gpu"] == 0]
+    assert [r["nvlink_tx_bytes_per_s"] for r in gpu0] == pytest.approx([4.5, 14.5, 24.5, 34.5])
+    assert all(10_000 + k <= r["ts"] < 10_001 + k for k, r in enumerate(gpu0))
+    assert all(r["power_w"] == pytest.approx(104.5) for r in rows)
+    assert all(r["nvlink_tx_bytes_per_s"] is None for r in rows if r["gpu"] == 1)  # NULL stays NULL
+    assert conn.execute("SELECT COUNT(*) FROM samples WHERE resolution='raw'").fetchone()[0] == 200 - 80
+    assert conn.execute("SELECT MIN(ts) FROM samples WHERE resolution='raw'").fetchone()[0] >= 10_004
+    links = conn.execute("SELECT COUNT(*), AVG(tx_bytes_per_s) FROM link_samples WHERE resolution='1s'").fetchone()
+    assert links[0] == 8 and links[1] == pytest.approx(1e8)
+    # A second pass at the same moment finds nothing more to fold.
+    assert apply_retention(conn, raw_keep_s=5.5, now=10_010.0) == 0
+    assert conn.execute("SELECT COUNT(*) FROM samples WHERE resolution='1s'").fetchone()[0] == 8
+
+
+def test_retention_accepts_a_path(db):
+    with SampleSink(db) as sink:
+        sink.put([gpu_sample(50.0 + k / 10) for k in range(20)])
+    assert apply_retention(db, raw_keep_s=0, now=100.0) == 20
+    assert connect(db, readonly=True).execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 2
+
+
+def test_the_ring_keeps_the_newest_samples_only():
+    ring = RingBuffer(capacity=5)
+    ring.append([gpu_sample(float(t), t % 2) for t in range(12)])
+    assert len(ring) == 5
+    assert [s.ts for s in ring.snapshot()] == [7.0, 8.0, 9.0, 10.0, 11.0]
+    assert [s.ts for s in ring.snapshot(since_ts=9.0)] == [10.0, 11.0]
+    assert ring.snapshot(since_ts=11.0) == []
+    assert {g: s.ts for g, s in ring.latest_per_gpu().items()} == {0: 10.0, 1: 11.0}
+    assert ring.appended == 12
+
+
+def test_ring_series_gives_one_gpus_column_oldest_first():
+    ring = RingBuffer(capacity=100)
+    for t in range(10):
+        ring.append([gpu_sample(float(t), 0, tx=float(t)), gpu_sample(float(t), 1, tx=None)])
+    assert ring.series(0, "nvlink_tx_bytes_per_s", 3) == [7.0, 8.0, 9.0]
+    assert ring.series(1, "nvlink_tx_bytes_per_s", 2) == [None, None]
+    assert ring.series(5, "power_w", 4) == []
+    with pytest.raises(ValueError):
+        ring.series(0, "links", 3)
