@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Every check the GPU box must show, in as few device calls as possible.
+#   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu]      (default: all sections)
+# Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
+set -u
+OUT=${OUT:-/tmp/pkb-out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Never let anything switch NVLink multicast on.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY=${PY:-python3}
+DB="$OUT/runs.db"
+COLLECTIVES=all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,reduce,gather,scatter
+sections=${*:-engine tasks collectors gpu}
+
+run() {  # run NAME ARGS...: pkb-tui run --json into $OUT/NAME.json, log to $OUT/NAME.err
+  local name=$1; shift
+  local t0=$SECONDS
+  timeout 280 $PY -m pkb_tui.cli --db "$DB" run "$@" --json >"$OUT/$name.json" 2>"$OUT/$name.err"
+  echo "--- $name: exit $? in $((SECONDS - t0)) s"
+  tail -3 "$OUT/$name.err" | grep -v '^finished' || true
+}
+
+echo "=== host"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+$PY -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
+
+for section in $sections; do
+  case $section in
+  engine)
+    echo "=== engine: the eight collectives, baseline and torch-p2p"
+    run nccl_ws1 --task $COLLECTIVES --model baseline,torch-p2p --world-size 1 --mode nccl --size default --trials 3
+    if [ "$GPUS" -gt 1 ]; then
+      run nccl_wsN --task $COLLECTIVES --model baseline,torch-p2p --world-size "$GPUS" --mode nccl --size default --trials 3
+    fi
+    run shared_ws2 --task $COLLECTIVES --model baseline,torch-p2p --world-size 2 --mode shared-gpu --size small --trials 3 --iterations 20
+    run shared_ws4 --task $COLLECTIVES --model baseline,torch-p2p --world-size 4 --mode shared-gpu --size small --trials 3 --iterations 20
+    $PY bench/summarize_runs.py "$OUT"/nccl_ws*.json "$OUT"/shared_ws*.json
+    ;;
+  tasks)
+    echo "=== tasks: every task's baseline"
+    run tasks_nccl_ws1 --task all --model baseline --world-size 1 --mode nccl --size default --trials 2 --iterations 20 --no-profile
+    run tasks_shared_ws2 --task all --model baseline --world-size 2 --mode shared-gpu --size small --trials 2 --iterations 10 --no-profile
+    $PY bench/summarize_runs.py "$OUT"/tasks_*.json
+    ;;
+  collectors)
+    echo "=== collectors"
+    timeout 150 $PY bench/gpu_collectors_check.py 2>&1 | tee "$OUT/collectors_check.txt" | tail -60
+    timeout 120 $PY bench/collector_overhead.py 2>&1 | tee "$OUT/collector_overhead.txt" | tail -20
+    timeout 60 $PY -m pkb_tui.cli --db "$DB" monitor --duration 2 --interval 0.5 --json --no-record 2>&1 | tail -3
+    ;;
+  gpu)
+    echo "=== custom-kernel path (bench/gpu_check.py)"
+    timeout 400 $PY bench/gpu_check.py --db "$DB" 2>&1 | tee "$OUT/gpu_check.txt" | tail -60
+    ;;
+  esac
+done
