@@ -370,3 +370,54 @@ class Store:
             entry["geomean_speedup"] = math.exp(sum(logs) / len(logs)) if logs else None
             out.append(entry)
         return sorted(out, key=lambda e: (-e["correct"], -e["fast_1"], e["model"]))
+
+    # ---- reads for the dashboard
+    def count_runs_where(
+        self, *, task: str | None = None, model: str | None = None, status: str | None = None,
+        host_id: int | None = None, since: float | None = None, until: float | None = None,
+    ) -> int:
+        """How many runs the same filters as runs() match (for "showing 500 of 10,000")."""
+        where, args = [], []
+        for column, value in (("task_id", task), ("model", model), ("status", status), ("host_id", host_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            where.append("created_at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("created_at < ?")
+            args.append(until)
+        sql = "SELECT COUNT(*) FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+        return int(self.conn.execute(sql, args).fetchone()[0])
+
+    def run_values(self, column: str) -> list[str]:
+        """The distinct tasks, models or statuses that runs hold, sorted (filter choices)."""
+        columns = {"task": "task_id", "model": "model", "status": "status"}
+        if column not in columns:
+            raise PkbError(f"Cannot list run values of {column!r}; choose one of {', '.join(columns)}.")
+        name = columns[column]
+        return [row[0] for row in self.conn.execute(f"SELECT DISTINCT {name} FROM runs ORDER BY {name}")]
+
+    def hosts(self) -> list[dict[str, Any]]:
+        return [dict(row) for row in self.conn.execute(
+            "SELECT id, hostname, gpu_model, gpu_count, last_seen_at FROM hosts ORDER BY hostname, id"
+        )]
+
+    def latest_run_per_task(self) -> dict[str, dict[str, Any]]:
+        """task id -> its newest finished run (any model): id, model, status, candidate correct, speedup."""
+        sql = (
+            "SELECT r.task_id, r.id, r.model, r.status, c.correct, c.speedup FROM runs r "
+            "JOIN (SELECT task_id, MAX(id) AS id FROM runs WHERE status NOT IN ('queued','running') "
+            "      GROUP BY task_id) latest ON latest.id = r.id "
+            "LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate'"
+        )
+        return {row["task_id"]: dict(row) for row in self.conn.execute(sql)}
+
+    def run_samples(self, run_id: int, *, limit: int = 20_000) -> list[dict[str, Any]]:
+        """The raw telemetry samples recorded during a run, per GPU in time order (host: gpu -1)."""
+        return [dict(row) for row in self.conn.execute(
+            "SELECT ts, gpu, nvlink_tx_bytes_per_s, nvlink_rx_bytes_per_s, pcie_tx_bytes_per_s, "
+            "pcie_rx_bytes_per_s, sm_util_pct, power_w, cpu_pct, loopback_bytes_per_s FROM samples "
+            "WHERE run_id = ? AND resolution = 'raw' ORDER BY gpu, ts LIMIT ?", (run_id, limit),
+        )]

@@ -1,0 +1,199 @@
+"""PkbApp: the dashboard. Four screens as modes (Launch, Live, History, Monitor), each keeping its
+state while another is shown; Result, Compare, Help and the quit question are pushed on top."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from textual import on
+from textual.app import App
+from textual.binding import Binding
+from textual.reactive import reactive
+
+from pkb_tui.app.batch import BatchQueue
+from pkb_tui.app.catalog import Catalog
+from pkb_tui.app.config import AppConfig
+from pkb_tui.app.format import status_mark
+from pkb_tui.app.live_state import LiveState
+from pkb_tui.app.messages import BatchBegan, BatchEnded, EngineEvent, OpenRun, QueueIdle
+from pkb_tui.engine.request import RunRequest
+from pkb_tui.errors import PkbError
+from pkb_tui.store import Store
+
+log = logging.getLogger("pkb_tui.app")
+
+SCREEN_NAMES = {"launch": "Launch", "live": "Live", "history": "History", "monitor": "Monitor"}
+
+
+class PkbApp(App[int]):
+    TITLE = "pkb-tui"
+    CSS_PATH = "app.tcss"
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS = [
+        Binding("l", "show('launch')", "Launch", show=False),
+        Binding("v", "show('live')", "Live", show=False),
+        Binding("h", "show('history')", "History", show=False),
+        Binding("m", "show('monitor')", "Monitor", show=False),
+        Binding("question_mark,f1", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+        Binding("ctrl+q", "quit", "Quit", show=False, priority=True),
+    ]
+
+    # One line the nav bar shows on every screen: what the batch is doing.
+    batch_summary: reactive[str] = reactive("idle")
+
+    def __init__(self, db_path: Path | str | None = None, *, config: AppConfig | None = None) -> None:
+        if config is None:
+            if db_path is None:
+                raise ValueError("PkbApp needs a db_path or a config")
+            config = AppConfig(db_path=Path(db_path))
+        self.config = config
+        self.store = Store(config.db_path)  # reads only; the launcher has its own connection
+        self.batch = BatchQueue(self)
+        self.catalog: Catalog | None = None
+        self._quit_when_idle = False
+        super().__init__()
+
+    # ------------------------------------------------------------------ screens
+    def get_default_screen(self):  # the screen under the modes: never shown
+        from textual.screen import Screen
+
+        return Screen()
+
+    def on_mount(self) -> None:
+        from pkb_tui.app.screens.history import HistoryScreen
+        from pkb_tui.app.screens.launch import LaunchScreen
+        from pkb_tui.app.screens.live import LiveScreen
+        from pkb_tui.app.screens.monitor import MonitorScreen
+
+        self.add_mode("launch", LaunchScreen)
+        self.add_mode("live", LiveScreen)
+        self.add_mode("history", HistoryScreen)
+        self.add_mode("monitor", MonitorScreen)
+        self.switch_mode("launch")
+
+    def action_show(self, mode: str) -> None:
+        if self.current_mode != mode:
+            self.switch_mode(mode)
+        else:
+            # Already here: close whatever is pushed on top (a result, a comparison).
+            while len(self.screen_stack) > 1:
+                self.pop_screen()
+
+    def action_help(self) -> None:
+        from pkb_tui.app.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def open_result(self, run_id: int) -> None:
+        from pkb_tui.app.screens.result import ResultScreen
+
+        self.push_screen(ResultScreen(run_id))
+
+    def open_compare(self, run_a: int, run_b: int) -> None:
+        from pkb_tui.app.screens.compare import CompareScreen
+
+        self.push_screen(CompareScreen(run_a, run_b))
+
+    @on(OpenRun)
+    def _open_run(self, message: OpenRun) -> None:
+        self.open_result(message.run_id)
+
+    # ------------------------------------------------------------------ batches
+    def launch(self, request: RunRequest) -> bool:
+        """Queue a batch; False (and the reason shown) when the request cannot run."""
+        try:
+            planned = self.batch.submit(request)
+        except PkbError as exc:
+            self.notify(str(exc), title="Cannot launch", severity="error", timeout=10)
+            return False
+        queued = len(self.batch.pending) - (0 if self.batch.state.running else 1)
+        where = f" (queued behind {queued} batch(es))" if queued > 0 else ""
+        self.notify(f"{planned} run(s) launched{where}.", title="Launch")
+        self.switch_mode("live")
+        return True
+
+    @on(BatchBegan)
+    def _batch_began(self, message: BatchBegan) -> None:
+        request = message.request
+        self.batch.state = LiveState.for_batch(
+            message.items, world_size=request.world_size, mode=request.mode, dtype=request.dtype,
+            size=request.size, started_at=self.config.clock(),
+        )
+        self._update_summary()
+
+    @on(EngineEvent)
+    def _engine_event(self, message: EngineEvent) -> None:
+        self.batch.state.apply(message.event, message.run_id)
+        self._update_summary()
+
+    @on(BatchEnded)
+    def _batch_ended(self, message: BatchEnded) -> None:
+        state = self.batch.state
+        state.finish(status=message.status, finished_at=self.config.clock(), statuses=message.statuses,
+                     failure=message.failure)
+        if message.failure:
+            self.notify(message.failure, title="Batch failed", severity="error", timeout=15)
+        else:
+            counts = state.counts()
+            text = ", ".join(f"{status_mark(s)} {n} {s}" for s, n in sorted(counts.items()))
+            self.notify(text or "no runs", title=f"Batch {message.status}")
+        self._update_summary()
+        self.refresh_history()
+
+    @on(QueueIdle)
+    def _queue_idle(self, message: QueueIdle) -> None:
+        self.batch.busy = False
+        if self._quit_when_idle:
+            self.exit(0)
+            return
+        if self.batch.pending:  # submitted while the worker was returning
+            self.batch.busy = True
+            self.run_worker(self.batch._drain, thread=True, group="batch", name="batch", exit_on_error=False)
+        self._update_summary()
+
+    def _update_summary(self) -> None:
+        state = self.batch.state
+        if self._quit_when_idle:
+            self.batch_summary = "stopping…"
+        elif state.running:
+            line = state.current
+            done = sum(1 for r in state.runs if r.status not in ("queued", "running"))
+            what = f" {line.task}·{line.model}" if line else " starting"
+            self.batch_summary = f"▶ {done}/{len(state.runs)}{what}"
+        elif self.batch.busy:
+            self.batch_summary = "▶ starting"
+        else:
+            self.batch_summary = "idle"
+
+    def refresh_history(self) -> None:
+        """Screens that list runs reload when shown; the one on view now reloads at once."""
+        reload = getattr(self.screen, "reload", None)
+        if reload is not None:
+            reload()
+
+    # ------------------------------------------------------------------ quitting
+    async def action_quit(self) -> None:
+        if not self.batch.busy:
+            self.exit(0)
+            return
+        from pkb_tui.app.screens.confirm import ConfirmScreen
+
+        def answered(stop: bool | None) -> None:
+            if stop:
+                self._quit_when_idle = True
+                self.batch.cancel()
+                self._update_summary()
+                self.notify("Stopping the run; the app closes when its ranks are down.", title="Quitting")
+
+        self.push_screen(
+            ConfirmScreen("A run is in progress. Stop it (it is recorded as interrupted) and quit?",
+                          yes="Stop and quit", no="Keep running"),
+            answered,
+        )
+
+    def on_unmount(self) -> None:
+        self.store.close()

@@ -1,0 +1,79 @@
+"""Tasks and models as the Launch screen lists them. Loading imports torch (the task modules), so
+the app does it in a thread worker; tests inject a fixed catalogue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    id: str
+    title: str
+    family: str
+    source: str
+    world_sizes: tuple[int, ...] | None  # None: any >= min_world_size
+    min_world_size: int
+    dtypes: tuple[str, ...]
+    sizes: tuple[str, ...]
+    modes: tuple[str, ...]
+
+    @property
+    def world_sizes_label(self) -> str:
+        if self.world_sizes is None:
+            return f"≥{self.min_world_size}"
+        sizes = sorted(self.world_sizes)
+        if len(sizes) > 2 and sizes == list(range(sizes[0], sizes[-1] + 1)):
+            return f"{sizes[0]}-{sizes[-1]}"
+        return ",".join(map(str, sizes))
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    covered: int  # tasks of the catalogue this set has a solution for
+    total: int
+    notes: str = ""
+
+
+@dataclass
+class Catalog:
+    tasks: list[TaskInfo] = field(default_factory=list)
+    models: list[ModelInfo] = field(default_factory=list)
+    problem: str | None = None  # why the catalogue is partial (a broken task module, say)
+
+    @property
+    def families(self) -> list[str]:
+        return sorted({t.family for t in self.tasks})
+
+
+def task_info(spec) -> TaskInfo:
+    return TaskInfo(
+        id=spec.id, title=spec.title, family=spec.family, source=spec.source,
+        world_sizes=tuple(spec.world_sizes) if spec.world_sizes is not None else None,
+        min_world_size=spec.min_world_size, dtypes=tuple(spec.dtypes), sizes=tuple(spec.sizes),
+        modes=tuple(spec.modes),
+    )
+
+
+def load_catalog() -> Catalog:
+    """The registered tasks and the solution sets found, with each set's coverage."""
+    from pkb_tui.errors import PkbError
+
+    catalog = Catalog()
+    try:
+        from tasks import all_tasks
+
+        catalog.tasks = [task_info(task.spec) for task in all_tasks().values()]
+    except PkbError as exc:
+        catalog.problem = str(exc)
+    try:
+        from pkb_tui.engine.solutions import list_models
+
+        ids = [t.id for t in catalog.tasks]
+        for model in list_models():
+            notes = str(model.manifest.get("notes") or model.manifest.get("provider") or "")
+            catalog.models.append(ModelInfo(model.name, len(model.covers(ids)), len(ids), notes))
+    except PkbError as exc:
+        catalog.problem = (catalog.problem + " " if catalog.problem else "") + str(exc)
+    return catalog

@@ -1,0 +1,1 @@
+"""One module per screen: launch, live, result, history, compare, monitor, help, confirm."""

@@ -1,0 +1,313 @@
+"""Launch: pick tasks and models, set the run options, queue the batch.
+
+Opens on the tasks list. Space marks tasks (none marked: the highlighted one runs), `/` filters by
+text, `f` cycles the family, `r` or Enter launches tasks x models.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Checkbox, DataTable, Footer, Input, Label, Select, SelectionList, Static
+
+from pkb_tui.app.catalog import Catalog, TaskInfo
+from pkb_tui.app.format import STATUS_STYLES, fmt_speedup, status_mark, truncate
+from pkb_tui.app.widgets.nav import NavBar
+from pkb_tui.engine.request import RunRequest
+
+if TYPE_CHECKING:
+    from pkb_tui.app.app import PkbApp
+
+ALL = "all"
+WORLD_SIZES = (1, 2, 3, 4, 6, 8)
+MODES = ("auto", "cpu", "shared-gpu", "nccl")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+SIZES = ("small", "default", "large")
+
+
+class LaunchScreen(Screen):
+    BINDINGS = [
+        Binding("space", "toggle_task", "Mark"),
+        Binding("a", "toggle_all", "Mark all"),
+        Binding("r", "launch", "Run"),
+        Binding("slash", "focus_filter", "Filter", key_display="/"),
+        Binding("f", "next_family", "Family"),
+        Binding("o", "focus_options", "Options"),
+        Binding("escape", "focus_tasks", "Tasks", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marked: set[str] = set()
+        self.catalog: Catalog | None = None
+
+    @property
+    def pkb(self) -> "PkbApp":
+        return cast("PkbApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        defaults = self.pkb.config.defaults
+        yield NavBar("launch")
+        with Horizontal(id="launch-body"):
+            with Vertical(id="tasks-pane"):
+                with Horizontal(id="task-filter-row"):
+                    yield Input(placeholder="/ filter tasks", id="task-filter", compact=True)
+                    yield Select([(ALL, ALL)], value=ALL, allow_blank=False, id="family", compact=True)
+                table = DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
+                table.loading = True
+                yield table
+                yield Static("", id="task-detail")
+            with Vertical(id="side-pane"):
+                yield Label("Models [dim](space marks)[/]", classes="pane-title")
+                yield SelectionList[str](id="models", compact=True)
+                yield Label("Options", classes="pane-title")
+                yield _option("world size", Select(
+                    [(str(n), n) for n in WORLD_SIZES], value=defaults.get("world_size", 2), allow_blank=False,
+                    id="world-size", compact=True))
+                yield _option("mode", Select(
+                    [(m, m) for m in MODES], value=defaults.get("mode", "auto"), allow_blank=False,
+                    id="mode", compact=True))
+                yield _option("dtype", Select(
+                    [(d, d) for d in DTYPES], value=defaults.get("dtype", "float32"), allow_blank=False,
+                    id="dtype", compact=True))
+                yield _option("size", Select(
+                    [(s, s) for s in SIZES], value=defaults.get("size", "small"), allow_blank=False,
+                    id="size", compact=True))
+                yield _option("trials", Input(
+                    str(defaults.get("trials", 3)), type="integer", id="trials", compact=True))
+                yield Checkbox("timing", value=defaults.get("timing", True), id="timing", compact=True)
+                yield Static("", id="launch-summary")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#tasks", DataTable)
+        table.add_column("  task", key="task")
+        table.add_column("family", key="family")
+        table.add_column("ranks", key="ranks")
+        table.add_column("last", key="last")
+        table.focus()
+        if self.pkb.catalog is not None:
+            self._fill(self.pkb.catalog)
+        else:
+            self._load_catalog()
+
+    def on_screen_resume(self) -> None:
+        if self.catalog is not None:
+            self._refill_tasks()
+
+    def reload(self) -> None:
+        self.on_screen_resume()
+
+    @work(thread=True, exclusive=True, group="catalog")
+    def _load_catalog(self) -> None:
+        try:
+            catalog = self.pkb.config.catalog()
+        except Exception as exc:  # a broken task module must not take the dashboard down
+            catalog = Catalog(problem=f"Could not list tasks: {exc}")
+        self.app.call_from_thread(self._fill, catalog)
+
+    def _fill(self, catalog: Catalog) -> None:
+        self.pkb.catalog = catalog
+        self.catalog = catalog
+        family = self.query_one("#family", Select)
+        family.set_options([(ALL, ALL)] + [(f, f) for f in catalog.families])
+        family.value = ALL
+        models = self.query_one("#models", SelectionList)
+        models.clear_options()
+        wanted = self.pkb.config.defaults.get("models")
+        if wanted is None:  # the first real solution set, else the baseline self-check
+            real = [m.name for m in catalog.models if m.name != "baseline" and m.covered]
+            wanted = real[:1] or ["baseline"]
+        for model in catalog.models:
+            label = Text(f"{truncate(model.name, 20):<20} {model.covered:>2}/{model.total}")
+            models.add_option((label, model.name, model.name in wanted))
+        if catalog.problem:
+            self.notify(catalog.problem, title="Task catalogue", severity="warning", timeout=10)
+        self.query_one("#tasks", DataTable).loading = False
+        self._refill_tasks()
+
+    # ------------------------------------------------------------------ the tasks table
+    def visible_tasks(self) -> list[TaskInfo]:
+        if self.catalog is None:
+            return []
+        text = self.query_one("#task-filter", Input).value.strip().lower()
+        family = self.query_one("#family", Select).value
+        out = []
+        for task in self.catalog.tasks:
+            if family not in (ALL, Select.BLANK) and task.family != family:
+                continue
+            if text and text not in f"{task.id} {task.title} {task.source} {task.family}".lower():
+                continue
+            out.append(task)
+        return out
+
+    def _refill_tasks(self) -> None:
+        table = self.query_one("#tasks", DataTable)
+        keep = None
+        if table.row_count and table.cursor_row is not None and table.cursor_row < table.row_count:
+            keep = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+        latest = self.pkb.store.latest_run_per_task()
+        table.clear()
+        for task in self.visible_tasks():
+            table.add_row(*self._row(task, latest.get(task.id)), key=task.id)
+        if keep is not None and keep in [t.id for t in self.visible_tasks()]:
+            table.move_cursor(row=table.get_row_index(keep))
+        self._update_detail()
+        self._update_summary()
+
+    def _task_cell(self, task_id: str) -> Text:
+        if task_id in self.marked:
+            return Text.assemble(("✓ ", "bold green"), (task_id, "bold"))
+        return Text(f"  {task_id}")
+
+    def _row(self, task: TaskInfo, last: dict | None) -> tuple:
+        if last is None:
+            last_text = Text("–", style="dim")
+        else:
+            status = last["status"]
+            figure = fmt_speedup(last["speedup"]) if last["speedup"] is not None else status
+            last_text = Text(f"{status_mark(status)} {figure}", style=STATUS_STYLES.get(status, ""))
+        return (self._task_cell(task.id), task.family, task.world_sizes_label, last_text)
+
+    def highlighted_task(self) -> str | None:
+        table = self.query_one("#tasks", DataTable)
+        if not table.row_count:
+            return None
+        return table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+
+    @on(DataTable.RowHighlighted, "#tasks")
+    def _highlighted(self) -> None:
+        self._update_detail()
+
+    @on(DataTable.RowSelected, "#tasks")
+    def _selected(self) -> None:
+        self.action_launch()
+
+    def _update_detail(self) -> None:
+        detail = self.query_one("#task-detail", Static)
+        task_id = self.highlighted_task()
+        task = next((t for t in (self.catalog.tasks if self.catalog else []) if t.id == task_id), None)
+        if task is None:
+            detail.update("")
+            return
+        first = Text.assemble((task.title, "bold"), f" · {', '.join(task.dtypes)} · {', '.join(task.modes)}")
+        first.no_wrap, first.overflow = True, "ellipsis"
+        second = Text(task.source, style="dim", no_wrap=True, overflow="ellipsis")
+        detail.update(Text("\n").join([first, second]))
+
+    # ------------------------------------------------------------------ choosing
+    def chosen_tasks(self) -> list[str]:
+        if self.marked:
+            order = [t.id for t in (self.catalog.tasks if self.catalog else [])]
+            return [t for t in order if t in self.marked]
+        task = self.highlighted_task()
+        return [task] if task else []
+
+    def chosen_models(self) -> list[str]:
+        return list(self.query_one("#models", SelectionList).selected)
+
+    def _update_summary(self) -> None:
+        tasks, models = self.chosen_tasks(), self.chosen_models()
+        summary = self.query_one("#launch-summary", Static)
+        if not tasks:
+            summary.update(Text("no task", style="dim"))
+            return
+        what = f"{len(tasks)} task{'s' * (len(tasks) != 1)}" if self.marked else tasks[0]
+        runs = len(tasks) * len(models)
+        summary.update(Text.assemble(
+            (f"{what} × {len(models)} model{'s' * (len(models) != 1)} = {runs} run{'s' * (runs != 1)}", "bold"),
+            ("\nr: run", "dim"),
+        ))
+
+    @on(SelectionList.SelectedChanged, "#models")
+    def _models_changed(self) -> None:
+        self._update_summary()
+
+    @on(Input.Changed, "#task-filter")
+    def _filter_changed(self) -> None:
+        self._refill_tasks()
+
+    @on(Input.Submitted, "#task-filter")
+    def _filter_submitted(self) -> None:
+        self.action_focus_tasks()
+
+    @on(Select.Changed, "#family")
+    def _family_changed(self) -> None:
+        self._refill_tasks()
+
+    def action_toggle_task(self) -> None:
+        task = self.highlighted_task()
+        if task is None:
+            return
+        self.marked ^= {task}
+        table = self.query_one("#tasks", DataTable)
+        table.update_cell(task, "task", self._task_cell(task))
+        if table.cursor_row < table.row_count - 1:
+            table.move_cursor(row=table.cursor_row + 1)
+        self._update_summary()
+
+    def action_toggle_all(self) -> None:
+        visible = {t.id for t in self.visible_tasks()}
+        self.marked = self.marked - visible if visible <= self.marked else self.marked | visible
+        self._refill_tasks()
+
+    def action_focus_filter(self) -> None:
+        self.query_one("#task-filter", Input).focus()
+
+    def action_focus_tasks(self) -> None:
+        self.query_one("#tasks", DataTable).focus()
+
+    def action_focus_options(self) -> None:
+        self.query_one("#world-size", Select).focus()
+
+    def action_next_family(self) -> None:
+        select = self.query_one("#family", Select)
+        families = [ALL] + (self.catalog.families if self.catalog else [])
+        current = select.value if select.value in families else ALL
+        select.value = families[(families.index(current) + 1) % len(families)]
+
+    # ------------------------------------------------------------------ launching
+    def request(self) -> RunRequest | None:
+        tasks, models = self.chosen_tasks(), self.chosen_models()
+        if not tasks:
+            self.notify("No task to run: highlight or mark one.", severity="warning")
+            return None
+        if not models:
+            self.notify("No model chosen: mark one in Models (baseline runs the baseline itself).", severity="warning")
+            return None
+        trials_text = self.query_one("#trials", Input).value.strip()
+        try:
+            trials = int(trials_text)
+        except ValueError:
+            self.notify(f"Trials must be a whole number (got {trials_text!r}).", severity="error")
+            return None
+        mode = self.query_one("#mode", Select).value
+        request = RunRequest(
+            tasks=tasks, models=models,
+            world_size=int(self.query_one("#world-size", Select).value),
+            mode=None if mode == "auto" else str(mode),
+            dtype=str(self.query_one("#dtype", Select).value),
+            size=str(self.query_one("#size", Select).value),
+            trials=trials,
+            timing=self.query_one("#timing", Checkbox).value,
+        )
+        for key in ("timeout_s", "iterations", "warmup", "profile", "telemetry"):
+            if key in self.pkb.config.defaults:
+                setattr(request, key, self.pkb.config.defaults[key])
+        return request
+
+    def action_launch(self) -> None:
+        request = self.request()
+        if request is not None and self.pkb.launch(request):
+            self.marked.clear()
+            self._refill_tasks()
+
+
+def _option(label: str, widget) -> Horizontal:
+    return Horizontal(Label(label, classes="option-label"), widget, classes="option-row")

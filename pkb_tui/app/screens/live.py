@@ -1,0 +1,217 @@
+"""Live: the batch in progress. What runs now (task, model, trial k of N, phase), the telemetry
+sparklines at 4 Hz, the kernel table as it fills in, the runs of the batch with their marks, and
+the tail of the run's log. `x` cancels (the run is recorded as interrupted)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Label, Static
+
+from pkb_tui.app.format import STATUS_STYLES, fmt_duration, fmt_fraction, fmt_us, status_mark, truncate
+from pkb_tui.app.live_state import LiveState
+from pkb_tui.app.widgets.log_tail import LogTail
+from pkb_tui.app.widgets.nav import NavBar
+from pkb_tui.app.widgets.telemetry import TelemetryPanel
+
+if TYPE_CHECKING:
+    from pkb_tui.app.app import PkbApp
+
+KERNEL_ROWS = 12
+
+
+class LiveScreen(Screen):
+    BINDINGS = [
+        Binding("x", "cancel", "Cancel run"),
+        Binding("enter", "open_run", "Open result"),
+        Binding("k", "focus('live-kernels')", "Kernels"),
+        Binding("b", "focus('live-runs')", "Batch"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen_version = -1
+        self._seen_state: LiveState | None = None
+        self._ticks = 0
+        self._log_paths: dict[int, str | None] = {}
+
+    @property
+    def pkb(self) -> "PkbApp":
+        return cast("PkbApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield NavBar("live")
+        yield Static("", id="live-head")
+        yield TelemetryPanel(id="live-telemetry")
+        with Horizontal(id="live-lower"):
+            with Vertical(id="live-runs-pane"):
+                yield Label("Batch", classes="pane-title")
+                yield DataTable(id="live-runs", cursor_type="row")
+            with Vertical(id="live-kernels-pane"):
+                yield Label("Kernels (by total time)", classes="pane-title")
+                yield DataTable(id="live-kernels", cursor_type="row", zebra_stripes=True)
+        yield Label("Log", classes="pane-title", id="live-log-title")
+        yield LogTail(id="live-log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        runs = self.query_one("#live-runs", DataTable)
+        runs.add_column(" ", key="mark", width=1)
+        runs.add_column("task", key="task")
+        runs.add_column("model", key="model")
+        runs.add_column("run", key="run")
+        kernels = self.query_one("#live-kernels", DataTable)
+        for label, key in (("var", "variant"), ("rk", "rank"), ("kernel", "name"), ("kind", "category"),
+                           ("calls", "calls"), ("total", "total"), ("mean", "mean"), ("share", "share")):
+            kernels.add_column(label, key=key)
+        self._timer = self.set_interval(self.pkb.config.live_refresh_s, self.tick)
+        self.tick()
+
+    def on_screen_resume(self) -> None:
+        self._timer.resume()
+        self.tick()
+
+    def on_screen_suspend(self) -> None:
+        self._timer.pause()  # nothing to draw while another screen is shown
+
+    # ------------------------------------------------------------------ refresh
+    def tick(self) -> None:
+        """One refresh: telemetry every tick (4 Hz), the rest when the state changed, the log at 2 Hz."""
+        self.query_one("#live-telemetry", TelemetryPanel).update_from(self.pkb.batch.telemetry)
+        state = self.pkb.batch.state
+        if state is not self._seen_state or state.version != self._seen_version:
+            self._seen_state, self._seen_version = state, state.version
+            self._draw_head(state)
+            self._draw_runs(state)
+            self._draw_kernels(state)
+        self._ticks += 1
+        if self._ticks % 2 == 1:
+            self._draw_log(state)
+
+    def _draw_head(self, state: LiveState) -> None:
+        head = self.query_one("#live-head", Static)
+        now = self.pkb.config.clock()
+        if state.started_at is None:
+            head.update(Text.assemble(
+                ("No run yet. ", "bold"), "Press ", ("l", "bold"), " to pick tasks and models and launch a batch.",
+            ))
+            return
+        line = state.current
+        first = Text(no_wrap=True, overflow="ellipsis")
+        if state.running and line is not None:
+            first.append(f"{status_mark('running')} {line.task}", style="bold")
+            first.append(f" · {line.model}")
+            if line.run_id is not None:
+                first.append(f"  run #{line.run_id}", style="dim")
+            first.append(f"  ({state.current_item + 1}/{len(state.runs)})", style="dim")
+        elif state.running:
+            first.append("▶ starting the ranks…", style="bold")
+        else:
+            first.append(f"Batch {state.batch_status}", style="bold")
+            counts = state.counts()
+            first.append("  " + "  ".join(f"{status_mark(s)} {n} {s}" for s, n in sorted(counts.items())))
+        second = Text(no_wrap=True, overflow="ellipsis")
+        if state.running and line is not None:
+            trial = f"trial {min((state.trial or 0) + (state.phase == 'trial'), state.trials or 0)}/{state.trials or '?'}"
+            phase = state.phase or "?"
+            if state.variant:
+                phase += f" ({state.variant})"
+            second.append(f"{trial} · {phase}", style="bold cyan")
+            second.append("  ")
+        elapsed_to = state.finished_at if state.finished_at is not None else now
+        second.append(
+            f"ws {state.world_size} · {state.mode or 'auto'} · {state.dtype} · {state.size} · "
+            f"{fmt_duration(elapsed_to - state.started_at)}",
+            style="dim",
+        )
+        parts = [first, second]
+        if not state.timings_representative:
+            parts.append(Text("⚠ timings not representative in this mode", style="yellow"))
+        if state.failure:
+            parts.append(Text(f"‼ {state.failure}", style="bold red"))
+        for error in state.errors[-2:]:
+            where = f"rank {error.rank} " if error.rank is not None else ""
+            parts.append(Text(f"‼ {where}{error.where}: {error.message}", style="red", no_wrap=True, overflow="ellipsis"))
+        head.update(Text("\n").join(parts))
+
+    def _draw_runs(self, state: LiveState) -> None:
+        table = self.query_one("#live-runs", DataTable)
+        cursor = table.cursor_row
+        table.clear()
+        for line in state.runs:
+            style = STATUS_STYLES.get(line.status, "")
+            table.add_row(
+                Text(status_mark(line.status), style=style), truncate(line.task, 18), truncate(line.model, 14),
+                f"#{line.run_id}" if line.run_id is not None else "–", key=str(line.item),
+            )
+        if table.row_count:
+            table.move_cursor(row=min(cursor, table.row_count - 1))
+
+    def _draw_kernels(self, state: LiveState) -> None:
+        table = self.query_one("#live-kernels", DataTable)
+        table.clear()
+        for kernel in state.kernels[:KERNEL_ROWS]:
+            table.add_row(
+                "cand" if kernel.get("variant") == "candidate" else "base", str(kernel.get("rank", "")),
+                truncate(str(kernel.get("name", "")), 32), kernel.get("category", ""), str(kernel.get("calls", "")),
+                fmt_us(kernel.get("total_us")), fmt_us(kernel.get("mean_us")), fmt_fraction(kernel.get("share_fraction")),
+            )
+        if not state.kernels:
+            self.query_one("#live-kernels-pane Label", Label).update("Kernels (after timing)")
+        else:
+            self.query_one("#live-kernels-pane Label", Label).update(f"Kernels (by total time, {len(state.kernels)})")
+
+    def _draw_log(self, state: LiveState) -> None:
+        line = state.current
+        if line is None or line.run_id is None:
+            self.query_one("#live-log", LogTail).show(None)
+            return
+        # The path is fixed when the run is created; it moves to the merged log when the run ends.
+        path = self._log_paths.get(line.run_id) if line.status == "running" else None
+        if path is None:
+            try:
+                path = self.pkb.store.run(line.run_id).get("log_path")
+            except Exception:
+                path = None
+            self._log_paths[line.run_id] = path
+        self.query_one("#live-log-title", Label).update(f"Log  [dim]{path or ''}[/]")
+        self.query_one("#live-log", LogTail).show(path)
+
+    # ------------------------------------------------------------------ actions
+    def action_cancel(self) -> None:
+        if not self.pkb.batch.busy:
+            self.notify("No run in progress.", severity="warning")
+            return
+        from pkb_tui.app.screens.confirm import ConfirmScreen
+
+        def answered(stop: bool | None) -> None:
+            if stop and self.pkb.batch.cancel():
+                self.notify("Cancelling: the ranks are being stopped.", title="Cancel")
+
+        self.app.push_screen(ConfirmScreen("Cancel the batch? The run going now is recorded as interrupted.",
+                                           yes="Cancel the batch", no="Keep running"), answered)
+
+    def action_open_run(self) -> None:
+        table = self.query_one("#live-runs", DataTable)
+        state = self.pkb.batch.state
+        line = None
+        if table.row_count:
+            item = int(table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value)
+            line = state.line_for(item, None)
+        if line is None or line.run_id is None:
+            self.notify("That run has not started yet.", severity="warning")
+            return
+        if line.status in ("running", "queued"):
+            self.notify("That run is still going; its result shows when it ends.", severity="warning")
+            return
+        self.pkb.open_result(line.run_id)
+
+    @on(DataTable.RowSelected, "#live-runs")
+    def _run_selected(self) -> None:
+        self.action_open_run()
