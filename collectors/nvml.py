@@ -329,9 +329,9 @@ class Gpm:
         self.clock = clock
         self.links = [l for l in (links or []) if l < 36]
         self.latest = GpmValues()
-        self._buffers = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+        self.buffers = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
         self._previous = 0  # index of the buffer holding the last sample
-        nvml.nvmlGpmSampleGet(handle, self._buffers[0])
+        nvml.nvmlGpmSampleGet(handle, self.buffers[0])
         self._previous_at = clock()
 
     @staticmethod
@@ -360,8 +360,8 @@ class Gpm:
             return self.latest
         current = 1 - self._previous
         try:
-            self.nvml.nvmlGpmSampleGet(self.handle, self._buffers[current])
-            values = self.metrics_between(self._buffers[self._previous], self._buffers[current])
+            self.nvml.nvmlGpmSampleGet(self.handle, self.buffers[current])
+            values = self.metrics_between(self.buffers[self._previous], self.buffers[current])
         except Exception:
             return self.latest
         values.interval_s = now - self._previous_at
@@ -400,12 +400,12 @@ class Gpm:
         return self.nvml.nvmlGpmSampleAlloc()
 
     def close(self) -> None:
-        for buffer in self._buffers:
+        for buffer in self.buffers:
             try:
                 self.nvml.nvmlGpmSampleFree(buffer)
             except Exception:
                 pass
-        self._buffers = []
+        self.buffers = []
 
 
 # ------------------------------------------------------------------------------------ the sampler

@@ -92,8 +92,9 @@ class ReplayNvml:
         self.cursor = min(self.cursor + n, self.ticks - 1)
 
     def clock(self) -> float:
-        """Monotonic seconds of the current tick (device 0's NVML timestamp)."""
-        return self.devices[0]["ticks"][self.cursor]["t_us"] / 1e6
+        """Monotonic seconds of the current tick: device 0's NVML timestamp since its first tick."""
+        ticks = self.devices[0]["ticks"]
+        return (ticks[self.cursor]["t_us"] - ticks[0]["t_us"]) / 1e6
 
     def _tick(self, device: int) -> dict[str, Any]:
         return self.devices[device]["ticks"][self.cursor]

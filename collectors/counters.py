@@ -1,0 +1,215 @@
+"""Bytes on the wire per timed phase, read inside each rank around its timed loop.
+
+    counters = PhaseCounters(device_index)      # CUDA device index of this rank
+    counters.start()                            # just before the timed loop
+    ...timed iterations...
+    counters.stop(iterations) -> dict           # just after it
+
+``stop`` returns bytes moved by this rank's GPU over the phase (None where NVML cannot count):
+nvlink_tx_bytes / nvlink_rx_bytes (all links summed), nvlink_bytes = the busier direction (links
+are full duplex, so this is what compares with a task's Traffic.wire_bytes), the same for PCIe,
+the per-iteration figures, and "links": {link: tx + rx bytes}. start and stop each cost one
+batched field read plus one GPM sample (a few hundred microseconds), outside the timed loop.
+
+PCIe byte counters are 32-bit and wrap every 4 GiB (~68 ms at Gen5 x16 line rate). Over a phase
+short enough that at most one wrap can have happened they are unwrapped modulo 2^32; over longer
+phases the bytes come from GPM's PCIe rates times the phase length (Hopper and newer), else None.
+
+``traffic_flag`` compares measured bytes per iteration with the task's traffic model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+from collectors import nvml as N
+from collectors.nvml import CounterSnapshot, Gpm, NvmlSampler, counter_delta
+
+# One NVML session and GPM buffer pair per process and GPU for the real library: the worker makes a
+# PhaseCounters per variant, and NVML init / GPM allocation need not be repeated each time.
+_shared: dict[int, tuple[NvmlSampler, Gpm | None]] = {}
+
+
+def nvml_index_for_cuda_device(cuda_index: int, nvml: Any, uuid: str | None = None) -> int:
+    """The NVML index of CUDA device ``cuda_index`` of this process.
+
+    CUDA numbers only the visible GPUs (CUDA_VISIBLE_DEVICES) and may order them differently from
+    NVML, which numbers all of them by PCI bus. The GPU's UUID settles it; without one (no torch
+    CUDA), CUDA_VISIBLE_DEVICES is read, and failing that the indices are taken to agree.
+    """
+    if uuid is None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+        except Exception:
+            uuid = None
+    if uuid:
+        for candidate in (uuid, f"GPU-{uuid}", f"MIG-{uuid}"):
+            try:
+                return int(nvml.nvmlDeviceGetIndex(nvml.nvmlDeviceGetHandleByUUID(candidate)))
+            except Exception:
+                continue
+    visible = [p.strip() for p in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if p.strip()]
+    if visible and all(p.isdigit() for p in visible) and cuda_index < len(visible):
+        return int(visible[cuda_index])
+    return cuda_index
+
+
+class PhaseCounters:
+    """NVLink / PCIe bytes moved by one GPU between ``start()`` and ``stop()``."""
+
+    def __init__(
+        self, device_index: int | None, nvml: Any = None, *, uuid: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clock = clock
+        self.reason: str | None = None
+        self._sampler: NvmlSampler | None = None
+        self._gpm: Gpm | None = None
+        self._start: CounterSnapshot | None = None
+        self._started_at: float | None = None
+        self._nvml_index: int | None = None
+        if device_index is None:
+            self.reason = "no GPU: nothing to count"
+            return
+        opened = self._open(device_index, nvml, uuid)
+        if opened is not None:
+            self._sampler, self._gpm = opened
+
+    def _open(self, device_index: int, nvml: Any, uuid: str | None) -> tuple[NvmlSampler, Gpm | None] | None:
+        try:
+            library = nvml if nvml is not None else N.load_nvml()
+            library.nvmlInit()
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            self.reason = N.describe_init_error(exc)
+            return None
+        try:
+            index = nvml_index_for_cuda_device(device_index, library, uuid)
+        finally:
+            library.nvmlShutdown()  # the sampler below holds its own reference
+        self._nvml_index = index
+        if nvml is None and index in _shared:
+            return _shared[index]
+        sampler = NvmlSampler(nvml=library, indices=[index], gpm=False, pcie_counters=True, clock=self.clock)
+        if not sampler.available():
+            self.reason = sampler.reason
+            return None
+        gpm = None
+        handle = sampler.gpus[0].handle
+        if Gpm.supported(sampler.nvml, handle):
+            try:
+                gpm = Gpm(sampler.nvml, handle, clock=self.clock)
+            except Exception:
+                gpm = None
+        if nvml is None:
+            _shared[index] = (sampler, gpm)
+        return sampler, gpm
+
+    def available(self) -> bool:
+        return self._sampler is not None
+
+    def start(self) -> None:
+        self._start = None
+        if self._sampler is None:
+            return
+        if self._gpm is not None:
+            try:
+                self._sampler.nvml.nvmlGpmSampleGet(self._gpm.handle, self._gpm.buffers[0])
+            except Exception:
+                self._gpm = None
+        self._start = self._sampler.gpus[0].read_counters()
+        self._started_at = self.clock()
+
+    def stop(self, iterations: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "iterations": iterations, "elapsed_s": None,
+            "nvlink_bytes": None, "nvlink_tx_bytes": None, "nvlink_rx_bytes": None, "nvlink_bytes_per_iter": None,
+            "pcie_bytes": None, "pcie_tx_bytes": None, "pcie_rx_bytes": None, "pcie_bytes_per_iter": None,
+            "pcie_source": None, "links": {}, "reason": self.reason,
+        }
+        if self._sampler is None or self._start is None or self._started_at is None:
+            if self._sampler is not None:
+                out["reason"] = "stop() without start()"
+            return out
+        gpu = self._sampler.gpus[0]
+        end = gpu.read_counters()
+        elapsed_s = self.clock() - self._started_at
+        gpm_values = None
+        if self._gpm is not None:
+            try:
+                self._sampler.nvml.nvmlGpmSampleGet(self._gpm.handle, self._gpm.buffers[1])
+                gpm_values = self._gpm.metrics_between(self._gpm.buffers[0], self._gpm.buffers[1])
+            except Exception:
+                gpm_values = None
+        start, self._start = self._start, None
+        out["elapsed_s"] = elapsed_s
+
+        # NVLink: 64-bit KiB counters per link; a link whose counter went back spoils the sum.
+        if gpu.nvlink_counters:
+            tx_total: int | None = 0
+            rx_total: int | None = 0
+            for link in gpu.links:
+                tx = counter_delta(start.nvlink_tx_kib.get(link), end.nvlink_tx_kib.get(link))
+                rx = counter_delta(start.nvlink_rx_kib.get(link), end.nvlink_rx_kib.get(link))
+                tx_total = tx_total + tx * N.KIB if tx_total is not None and tx is not None else None
+                rx_total = rx_total + rx * N.KIB if rx_total is not None and rx is not None else None
+                out["links"][link] = (tx + rx) * N.KIB if tx is not None and rx is not None else None
+            out["nvlink_tx_bytes"], out["nvlink_rx_bytes"] = tx_total, rx_total
+        elif gpm_values is not None and elapsed_s >= N.GPM_MIN_INTERVAL_S - 1e-6:
+            out["nvlink_tx_bytes"] = _bytes(gpm_values.nvlink_tx_bytes_per_s, elapsed_s)
+            out["nvlink_rx_bytes"] = _bytes(gpm_values.nvlink_rx_bytes_per_s, elapsed_s)
+
+        # PCIe: exact counters while no second wrap is possible, else GPM's rates.
+        if gpu.pcie_counters and elapsed_s <= N.pcie_wrap_safe_s(gpu.pcie_generation, gpu.pcie_width):
+            out["pcie_tx_bytes"] = counter_delta(start.pcie_tx_bytes, end.pcie_tx_bytes, modulus=N.PCIE_COUNTER_MODULUS)
+            out["pcie_rx_bytes"] = counter_delta(start.pcie_rx_bytes, end.pcie_rx_bytes, modulus=N.PCIE_COUNTER_MODULUS)
+            out["pcie_source"] = "counters"
+        elif gpm_values is not None and elapsed_s >= N.GPM_MIN_INTERVAL_S - 1e-6:
+            out["pcie_tx_bytes"] = _bytes(gpm_values.pcie_tx_bytes_per_s, elapsed_s)
+            out["pcie_rx_bytes"] = _bytes(gpm_values.pcie_rx_bytes_per_s, elapsed_s)
+            out["pcie_source"] = "gpm"
+        if out["pcie_tx_bytes"] is None and out["pcie_rx_bytes"] is None:
+            out["pcie_source"] = None
+
+        for kind in ("nvlink", "pcie"):
+            tx, rx = out[f"{kind}_tx_bytes"], out[f"{kind}_rx_bytes"]
+            busier = max(tx, rx) if tx is not None and rx is not None else None
+            out[f"{kind}_bytes"] = busier
+            out[f"{kind}_bytes_per_iter"] = busier / iterations if busier is not None and iterations > 0 else None
+        if out["nvlink_bytes"] is None and out["reason"] is None:
+            out["reason"] = "NVML counts no NVLink traffic on this GPU (no NVLink, or the counters are not supported)"
+        return out
+
+
+def _bytes(rate: float | None, seconds: float) -> int | None:
+    return int(round(rate * seconds)) if rate is not None else None
+
+
+def traffic_flag(
+    measured_bytes_per_iter: float | None, model_bytes: int, tolerance: float = 0.1, *, mode: str = "nccl",
+    wasteful_factor: float = 2.0,
+) -> str | None:
+    """'below_model', 'wasteful' or None, for NVLink bytes per iteration against the traffic model.
+
+    ``model_bytes``: the least bytes per call over this rank's busier link direction that any
+    correct algorithm needs (Traffic.wire_bytes). Measuring less than that (beyond ``tolerance``)
+    is impossible for a correct candidate, so it is suspicious ('below_model'): skipped work,
+    results cached between iterations, or traffic over another path. Measuring more than
+    ``wasteful_factor`` times the model is 'wasteful'. Other traffic on the GPU only adds bytes.
+
+    Only nccl mode (one GPU per rank) puts rank-to-rank traffic on NVLink. In shared-gpu mode
+    the ranks share one GPU and in cpu mode there is none, so the flag never fires there.
+    """
+    if mode != "nccl" or measured_bytes_per_iter is None or model_bytes is None or model_bytes <= 0:
+        return None
+    if measured_bytes_per_iter < model_bytes * (1.0 - tolerance):
+        return "below_model"
+    if measured_bytes_per_iter > model_bytes * wasteful_factor:
+        return "wasteful"
+    return None

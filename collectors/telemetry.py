@@ -1,0 +1,157 @@
+"""Telemetry: one sampling thread feeding a ring buffer (live readers) and, optionally, the database.
+
+Picks the NVML sampler where NVML answers and sees GPUs, else the host sampler with a plain reason.
+The thread samples, then sleeps until the next tick; a sample that overruns its tick makes the
+next tick start late instead of piling up, so two samplings never overlap. The host row (gpu = -1:
+CPU, memory, loopback) rides along at most every 100 ms: /proc counts CPU time in 10 ms jiffies,
+so a faster host figure would be noise.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from collectors.host import HostSampler
+from collectors.nvml import NvmlSampler
+from collectors.sample import GpuSample
+from collectors.sink import RingBuffer, SampleSink
+from pkb_tui.errors import PkbError
+
+MIN_INTERVAL_S = 0.01  # 100 Hz: the counter fields cost ~0.4 ms per GPU, faster only burns a core
+HOST_MIN_INTERVAL_S = 0.1
+DEFAULT_RAW_KEEP_S = 3600.0  # raw samples for an hour, then per-second averages
+
+
+class Telemetry:
+    """``Telemetry(db_path, interval_s=0.1, record=True)``; ``start()`` ... ``stop()``.
+
+    ``.ring`` holds the recent samples, ``.source`` is 'nvml' or 'host', ``.reason`` why there is
+    no NVML (None when there is). ``set_run`` stamps a run id on the samples that follow;
+    ``set_rank_pids`` names the rank processes whose CPU use the host sampler follows.
+    """
+
+    def __init__(
+        self, db_path: str | Path | None, interval_s: float = 0.1, record: bool = True, nvml: Any = None, *,
+        host_id: int | None = None, raw_keep_s: float | None = DEFAULT_RAW_KEEP_S, ring_capacity: int = 36_000,
+    ) -> None:
+        if not interval_s >= MIN_INTERVAL_S:
+            raise PkbError(f"Sampling interval {interval_s} s is too short; use {MIN_INTERVAL_S} s (100 Hz) or more.")
+        self.interval_s = float(interval_s)
+        self.ring = RingBuffer(ring_capacity)
+        self.samples_taken = 0
+        self.sample_cost_us_total = 0.0
+        self.last_sample_cost_us: float | None = None
+        self.error: str | None = None
+        self._run_id: int | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._host_sampled_at = -float("inf")
+
+        self.gpu: NvmlSampler | None = None
+        if os.environ.get("PKB_FORCE_CPU"):
+            reason: str | None = "no NVIDIA GPU used: PKB_FORCE_CPU is set"
+        else:
+            sampler = NvmlSampler(nvml=nvml)
+            if sampler.available():
+                self.gpu, reason = sampler, None
+            else:
+                sampler.close()
+                reason = sampler.reason or "no NVIDIA GPU found"
+                if not reason.lower().startswith("no nvidia gpu"):
+                    reason = f"no NVIDIA GPU found: {reason}"
+        self.source = "nvml" if self.gpu is not None else "host"
+        self.reason = reason
+        self.host = HostSampler(reason=reason or "")
+        self.sink: SampleSink | None = None
+        if record and db_path is not None:
+            self.sink = SampleSink(db_path, host_id=host_id, raw_keep_s=raw_keep_s)
+
+    @property
+    def gpu_names(self) -> dict[int, str]:
+        return self.gpu.gpu_names if self.gpu is not None else {}
+
+    @property
+    def rank_cpu_pct(self) -> dict[int, float | None]:
+        """CPU use of each rank process (100 = one full core), from the last host sample."""
+        return dict(self.host.process_cpu_pct)
+
+    @property
+    def mean_sample_cost_us(self) -> float | None:
+        return self.sample_cost_us_total / self.samples_taken if self.samples_taken else None
+
+    def set_run(self, run_id: int | None) -> None:
+        self._run_id = run_id
+
+    def set_rank_pids(self, pids: Iterable[int]) -> None:
+        with self._lock:
+            self.host.set_pids(pids)
+
+    # ---------------------------------------------------------------- sampling
+    def sample_once(self) -> list[GpuSample]:
+        """Take one sample now (the thread's body; also usable without the thread)."""
+        started = time.perf_counter()
+        samples: list[GpuSample] = []
+        with self._lock:
+            if self.gpu is not None:
+                samples += self.gpu.sample()
+            now = time.monotonic()
+            if self.gpu is None or now - self._host_sampled_at >= HOST_MIN_INTERVAL_S:
+                self._host_sampled_at = now
+                samples += self.host.sample()
+        cost_us = (time.perf_counter() - started) * 1e6
+        run_id = self._run_id
+        for sample in samples:
+            sample.run_id = run_id
+        self.ring.append(samples)
+        if self.sink is not None:
+            self.sink.put(samples)
+        self.samples_taken += 1
+        self.sample_cost_us_total += cost_us
+        self.last_sample_cost_us = cost_us
+        return samples
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception as exc:  # a broken reading must not end the telemetry of a run
+                self.error = f"{type(exc).__name__}: {exc}"
+            next_at += self.interval_s
+            now = time.monotonic()
+            if next_at < now:
+                next_at = now  # overran: start the next sample late rather than bunch them up
+            self._stop.wait(next_at - now)
+
+    def start(self) -> "Telemetry":
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="pkb-telemetry", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling, write what is queued, release NVML. Safe to call twice."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.sink is not None:
+            self.sink.close()
+            if self.sink.error and not self.error:
+                self.error = self.sink.error
+            self.sink = None
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
+
+    def __enter__(self) -> "Telemetry":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
