@@ -197,10 +197,12 @@ def co_resident_blocks(sm_count: int, ranks_on_device: int, *, work_blocks: int 
 
     Blocks that spin in a barrier wait for their counterparts on the other ranks; if the ranks share
     a GPU (MPS runs their kernels concurrently) and one rank's grid filled every multiprocessor,
-    a peer's blocks could never be scheduled: deadlock. One block per multiprocessor per rank on a
-    shared GPU (two when a rank has the GPU to itself) always fits.
+    a peer's blocks could never be scheduled: deadlock. Across GPUs the same holds if blocks of one
+    index are resident on one GPU and not on another. So the grid is what is resident at once for
+    certain: one block per multiprocessor on each GPU, shared between the ranks on it (a block of up
+    to 512 threads under __launch_bounds__(512) always fits one multiprocessor).
     """
-    per_rank = (2 * sm_count) if ranks_on_device <= 1 else max(1, sm_count // ranks_on_device)
+    per_rank = max(1, sm_count // max(1, ranks_on_device))
     per_rank = min(per_rank, PKB_MAX_BLOCKS)
     if work_blocks is not None:
         per_rank = min(per_rank, max(1, work_blocks))
@@ -388,8 +390,11 @@ class SymmetricHeap:
             return
         if self._barrier_kernel is None:
             self._barrier_kernel = self.backend.compile(_BARRIER_KERNEL, "pkb_barrier_kernel")  # type: ignore[attr-defined]
+        import numpy as np
+
         epoch = self.next_epoch()
-        self.launch(self._barrier_kernel, (1,), (32,), (self.signal_pads, self.rank, self.world_size, epoch))
+        args = (self.signal_pads, np.int32(self.rank), np.int32(self.world_size), np.uint32(epoch))
+        self.launch(self._barrier_kernel, (1,), (32,), args)
 
     def launch(self, kernel: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         """Launch a CuPy RawKernel on torch's current stream, so it orders with the torch work around it."""
@@ -446,11 +451,13 @@ class CupyBackend:
         return self.cp.cuda.Device(self.device_index)
 
     def device_id(self) -> str:
-        return str(self.rt.deviceGetPCIBusId(self.device_index))
+        """The PCI address of this GPU: the same physical GPU gives the same id in every process."""
+        props = self.rt.getDeviceProperties(self.device_index)
+        return "{:04x}:{:02x}:{:02x}".format(props["pciDomainID"], props["pciBusID"], props["pciDeviceID"])
 
     def sm_count(self) -> int:
         if self._sm_count is None:
-            self._sm_count = int(self.rt.deviceGetAttribute(self.rt.cudaDevAttrMultiProcessorCount, self.device_index))
+            self._sm_count = int(self.rt.getDeviceProperties(self.device_index)["multiProcessorCount"])
         return self._sm_count
 
     def malloc(self, nbytes: int) -> int:

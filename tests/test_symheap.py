@@ -223,7 +223,7 @@ def test_ranks_on_different_gpus_map_each_other_as_peers():
     results, _ = on_ranks(4, body, device_ids=ids)
     for rank, (hows, per_device, blocks) in enumerate(results):
         assert hows == ["local" if r == rank else "ipc-peer-device" for r in range(4)]
-        assert per_device == 1 and blocks == 2 * 132
+        assert per_device == 1 and blocks == 132
 
 
 def test_close_unmaps_peers_then_frees_its_own_and_only_once():
@@ -263,7 +263,7 @@ def test_plan_mappings_rejects_mixed_hosts_and_too_many_ranks():
 
 
 def test_grid_size_leaves_room_for_every_rank_sharing_the_gpu():
-    assert co_resident_blocks(132, 1) == 264
+    assert co_resident_blocks(132, 1) == 132
     assert co_resident_blocks(132, 2) == 66
     assert co_resident_blocks(132, 4) == 33
     assert co_resident_blocks(132, 4, work_blocks=5) == 5
