@@ -5,20 +5,52 @@ and loopback bytes/s (interface 'lo': what gloo moves between ranks on one machi
 use (100 = one full core, as top shows it) is kept in ``process_cpu_pct`` for the ranks' pids: the
 samples table has no per-process column, so it lives in memory for the live view.
 
+The kernel counts CPU time in 10 ms jiffies, so rates are taken over a sliding window of about
+half a second whatever the sampling rate: at 100 Hz a 10 ms delta would read 0 % or 100 %.
 Shared-memory traffic between processes is not measurable from outside them, so it is not shown.
-psutil is used when importable; otherwise the same figures come from /proc.
+psutil is used when importable; otherwise the same counters come from /proc.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable
 
 from collectors.sample import GpuSample
 
 NO_GPU_REASON = "no NVIDIA GPU found"
+WINDOW_S = 0.5  # rates span about this much time
+MIN_CPU_SPAN_S = 0.05  # below this a CPU share is mostly jiffy rounding: not shown
+
+
+class _Window:
+    """Rates of cumulative counters over a sliding window of readings."""
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self.readings: deque[tuple[float, tuple[float, ...]]] = deque()
+
+    def add(self, t: float, values: tuple[float, ...] | None) -> tuple[float, tuple[float, ...]] | None:
+        """Record a reading; return (seconds, increases) since the newest reading >= window_s old
+        (or the oldest one kept). None without an earlier reading or when a counter went back."""
+        if values is None:
+            self.readings.clear()
+            return None
+        self.readings.append((t, values))
+        while len(self.readings) >= 2 and self.readings[1][0] <= t - self.window_s:
+            self.readings.popleft()
+        t0, v0 = self.readings[0]
+        if t <= t0:
+            return None
+        deltas = tuple(v - w for v, w in zip(values, v0))
+        if any(d < 0 for d in deltas):  # counter reset (e.g. a pid reused): start over
+            self.readings.clear()
+            self.readings.append((t, values))
+            return None
+        return t - t0, deltas
 
 
 def _read(path: Path) -> str | None:
@@ -50,45 +82,60 @@ class HostSampler:
                 if use_psutil:
                     raise
         self._clk_tck = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self._cpu_prev: tuple[float, float] | None = None  # (busy, total) jiffies, /proc path
-        self._lo_prev: tuple[float, int] | None = None  # (monotonic s, tx bytes)
-        self._proc_prev: dict[int, tuple[float, float]] = {}  # pid -> (monotonic s, cpu seconds)
+        self._cpu = _Window()
+        self._loopback = _Window()
+        self._procs: dict[int, _Window] = {}
         self._ps_procs: dict[int, object] = {}
         self.pids: list[int] = []
         self.process_cpu_pct: dict[int, float | None] = {}
         self.set_pids(pids)
-        self._overall_cpu_pct()  # prime the deltas so the next sample has a figure
-        self._loopback_bytes_per_s()
+        now = self.clock()
+        self._cpu.add(now, self._cpu_jiffies())  # first readings, so the next sample has rates
+        self._loopback.add(now, self._loopback_tx_bytes())
 
     def available(self) -> bool:
         return True
 
     def set_pids(self, pids: Iterable[int]) -> None:
         self.pids = list(pids)
-        self.process_cpu_pct = {pid: None for pid in self.pids}
-        self._proc_prev = {p: v for p, v in self._proc_prev.items() if p in self.pids}
+        self._procs = {p: self._procs.get(p) or _Window() for p in self.pids}
         self._ps_procs = {p: v for p, v in self._ps_procs.items() if p in self.pids}
+        now = self.clock()
         for pid in self.pids:
-            self._process_cpu_pct(pid)  # prime
+            self._procs[pid].add(now, self._process_cpu_s(pid))
+        self.process_cpu_pct = {pid: None for pid in self.pids}
 
     def sample(self) -> list[GpuSample]:
-        sample = GpuSample(
-            ts=time.time(), gpu=-1, cpu_pct=self._overall_cpu_pct(),
-            host_memory_used_bytes=self._memory_used_bytes(), loopback_bytes_per_s=self._loopback_bytes_per_s(),
-        )
-        self.process_cpu_pct = {pid: self._process_cpu_pct(pid) for pid in self.pids}
-        return [sample]
+        now = self.clock()
+        cpu_pct = None
+        span = self._cpu.add(now, self._cpu_jiffies())
+        if span is not None and span[0] >= MIN_CPU_SPAN_S and span[1][1] > 0:
+            cpu_pct = max(0.0, min(100.0, 100.0 * span[1][0] / span[1][1]))
+        loopback = None
+        span = self._loopback.add(now, self._loopback_tx_bytes())
+        if span is not None:
+            loopback = span[1][0] / span[0]
+        process_cpu_pct: dict[int, float | None] = {}
+        for pid in self.pids:
+            span = self._procs[pid].add(now, self._process_cpu_s(pid))
+            process_cpu_pct[pid] = 100.0 * span[1][0] / span[0] if span is not None and span[0] >= MIN_CPU_SPAN_S else None
+        self.process_cpu_pct = process_cpu_pct
+        return [GpuSample(
+            ts=time.time(), gpu=-1, cpu_pct=cpu_pct, host_memory_used_bytes=self._memory_used_bytes(),
+            loopback_bytes_per_s=loopback,
+        )]
 
     def close(self) -> None:
         pass
 
-    # ---------------------------------------------------------------- overall CPU
-    def _overall_cpu_pct(self) -> float | None:
+    # ---------------------------------------------------------------- counters
+    def _cpu_jiffies(self) -> tuple[float, float] | None:
+        """(busy, total) CPU time of all cores, cumulative."""
         if self._psutil is not None:
-            first = self._cpu_prev is None
-            self._cpu_prev = (0.0, 0.0)
-            value = self._psutil.cpu_percent(interval=None)
-            return None if first else float(value)
+            t = self._psutil.cpu_times()
+            idle = t.idle + getattr(t, "iowait", 0.0)
+            total = sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"))
+            return total - idle, total
         text = _read(self.proc / "stat")
         if text is None:
             return None
@@ -96,39 +143,26 @@ class HostSampler:
         # user nice system idle iowait irq softirq steal (guest time is already inside user/nice)
         total = sum(fields[:8])
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
-        busy = total - idle
-        prev, self._cpu_prev = self._cpu_prev, (busy, total)
-        if prev is None or total <= prev[1]:
-            return None
-        return max(0.0, min(100.0, 100.0 * (busy - prev[0]) / (total - prev[1])))
+        return total - idle, total
 
-    # ---------------------------------------------------------------- per-process CPU
-    def _process_cpu_pct(self, pid: int) -> float | None:
-        now = self.clock()
+    def _process_cpu_s(self, pid: int) -> tuple[float] | None:
+        """User + system CPU seconds of one process, cumulative; None if it is gone."""
         if self._psutil is not None:
-            proc = self._ps_procs.get(pid)
             try:
+                proc = self._ps_procs.get(pid)
                 if proc is None:
                     proc = self._ps_procs[pid] = self._psutil.Process(pid)
-                    proc.cpu_percent(None)
-                    return None
-                return float(proc.cpu_percent(None))
+                t = proc.cpu_times()
+                return (t.user + t.system,)
             except Exception:  # gone, or not ours to read
                 self._ps_procs.pop(pid, None)
                 return None
         text = _read(self.proc / str(pid) / "stat")
         if text is None:
-            self._proc_prev.pop(pid, None)
             return None
-        after_name = text[text.rfind(")") + 2:].split()
-        cpu_s = (float(after_name[11]) + float(after_name[12])) / self._clk_tck  # utime + stime
-        prev = self._proc_prev.get(pid)
-        self._proc_prev[pid] = (now, cpu_s)
-        if prev is None or now <= prev[0] or cpu_s < prev[1]:
-            return None
-        return 100.0 * (cpu_s - prev[1]) / (now - prev[0])
+        after_name = text[text.rfind(")") + 2:].split()  # the name may hold spaces and parentheses
+        return ((float(after_name[11]) + float(after_name[12])) / self._clk_tck,)  # utime + stime
 
-    # ---------------------------------------------------------------- memory
     def _memory_used_bytes(self) -> float | None:
         if self._psutil is not None:
             vm = self._psutil.virtual_memory()
@@ -146,27 +180,18 @@ class HostSampler:
             return None
         return info["MemTotal"] - info["MemAvailable"]
 
-    # ---------------------------------------------------------------- loopback
-    def _loopback_tx_bytes(self) -> int | None:
+    def _loopback_tx_bytes(self) -> tuple[float] | None:
         if self._psutil is not None:
             try:
                 counters = self._psutil.net_io_counters(pernic=True).get("lo")
             except Exception:
                 return None
-            return int(counters.bytes_sent) if counters is not None else None
+            return (float(counters.bytes_sent),) if counters is not None else None
         text = _read(self.proc / "net" / "dev")
         if text is None:
             return None
         for line in text.splitlines()[2:]:
             name, _, rest = line.partition(":")
             if name.strip() == "lo":
-                return int(rest.split()[8])  # transmit bytes (on lo every byte sent is received)
+                return (float(rest.split()[8]),)  # transmit bytes (on lo every byte sent is received)
         return None
-
-    def _loopback_bytes_per_s(self) -> float | None:
-        now, tx = self.clock(), self._loopback_tx_bytes()
-        prev = self._lo_prev
-        self._lo_prev = (now, tx) if tx is not None else None
-        if tx is None or prev is None or now <= prev[0] or tx < prev[1]:
-            return None
-        return (tx - prev[1]) / (now - prev[0])

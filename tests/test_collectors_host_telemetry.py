@@ -62,6 +62,25 @@ def test_proc_figures_are_exact_deltas(tmp_path):
     assert host.reason == "no NVIDIA GPU found"
 
 
+def test_rates_span_half_a_second_whatever_the_sampling_rate(tmp_path):
+    """At 100 Hz a 10 ms jiffy delta would read 0 % or 100 %; the window keeps it steady."""
+    now = [0.0]
+    busy, idle = 0, 0
+    write_proc(tmp_path, busy=busy, idle=idle, lo_tx=0, pid_ticks=(0, 0), avail_kb=1)
+    host = HostSampler(use_psutil=False, proc_root=tmp_path, clock=lambda: now[0])
+    readings = []
+    for tick in range(1, 101):  # 1 s at 100 Hz; one busy jiffy every 4th tick of one core (25 %)
+        now[0] = tick * 0.01
+        busy += 1 if tick % 4 == 0 else 0
+        idle += 0 if tick % 4 == 0 else 1
+        write_proc(tmp_path, busy=busy, idle=idle, lo_tx=tick * 1000, pid_ticks=(0, 0), avail_kb=1)
+        (sample,) = host.sample()
+        readings.append(sample.cpu_pct)
+        assert sample.loopback_bytes_per_s == pytest.approx(100_000.0)
+    assert readings[:4] == [None] * 4  # under 50 ms of history: no CPU share yet
+    assert all(r == pytest.approx(25.0, abs=2.5) for r in readings[50:])
+
+
 def test_a_missing_rank_process_gives_none(tmp_path):
     write_proc(tmp_path, busy=1, idle=1, lo_tx=1, pid_ticks=(1, 1), avail_kb=1)
     host = HostSampler([999_999], use_psutil=False, proc_root=tmp_path)
@@ -72,7 +91,9 @@ def test_a_missing_rank_process_gives_none(tmp_path):
 @pytest.mark.parametrize("use_psutil", [True, False])
 def test_the_real_host_is_readable(use_psutil):
     host = HostSampler([os.getpid()], use_psutil=use_psutil)
-    sum(i * i for i in range(200_000))  # some CPU time between the two readings
+    started = time.monotonic()
+    while time.monotonic() - started < 0.1:  # some CPU time, over more than a few jiffies
+        sum(i * i for i in range(10_000))
     (sample,) = host.sample()
     assert sample.cpu_pct is None or 0.0 <= sample.cpu_pct <= 100.0
     assert sample.host_memory_used_bytes > 0
