@@ -4,11 +4,13 @@ Store into a real SQLite file, and a telemetry source standing in for NVML (whic
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from collectors.sample import GpuSample, LinkSample
+from collectors.sink import RingBuffer
 from pkb_tui.app.catalog import Catalog, ModelInfo, TaskInfo
 from pkb_tui.app.config import AppConfig
 from pkb_tui.store import Store
@@ -142,40 +144,25 @@ def seed_runs(db_path: Path, runs: list[KnownRun] = KNOWN_RUNS) -> list[int]:
 
 # ---------------------------------------------------------------- telemetry standing in for NVML
 @dataclass
-class FakeRing:
-    """Same read API as collectors' RingBuffer: latest_per_gpu(), series(), snapshot()."""
-
-    samples: list[GpuSample] = field(default_factory=list)
-
-    def latest_per_gpu(self) -> dict[int, GpuSample]:
-        out: dict[int, GpuSample] = {}
-        for sample in self.samples:
-            out[sample.gpu] = sample
-        return out
-
-    def series(self, gpu: int, column: str, n: int) -> list[float | None]:
-        return [getattr(s, column) for s in self.samples if s.gpu == gpu][-n:]
-
-    def snapshot(self, since_ts: float | None = None) -> list[GpuSample]:
-        return [s for s in self.samples if since_ts is None or s.ts > since_ts]
-
-
-@dataclass
 class FakeTelemetry:
-    ring: FakeRing
+    """A Telemetry without a sampling thread: the real RingBuffer, filled by the test (CI has no
+    NVML). Counts start/stop so tests can see the Monitor screen own it."""
+
+    ring: RingBuffer
     source: str = "nvml"
     reason: str | None = None
     started: int = 0
     stopped: int = 0
 
-    def start(self) -> None:
+    def start(self) -> "FakeTelemetry":
         self.started += 1
+        return self
 
     def stop(self) -> None:
         self.stopped += 1
 
 
-def gpu_ring(gpus: int = 8, links: int = 18, points: int = 60, *, start_ts: float = FIXED_NOW) -> FakeRing:
+def gpu_ring(gpus: int = 8, links: int = 18, points: int = 60, *, start_ts: float = FIXED_NOW) -> RingBuffer:
     """Deterministic waves of NVLink traffic on every GPU and link, PCIe, SM use and power."""
     samples = []
     for step in range(points):
@@ -188,16 +175,20 @@ def gpu_ring(gpus: int = 8, links: int = 18, points: int = 60, *, start_ts: floa
                 power_w=300 + 10 * gpu, sm_clock_mhz=1980, temperature_c=55 + gpu, memory_used_bytes=20e9,
                 links=[LinkSample(link, rate / links * (1 + (link % 3) / 2), rate / links) for link in range(links)],
             ))
-    return FakeRing(samples)
+    ring = RingBuffer()
+    ring.append(samples)
+    return ring
 
 
-def host_ring(points: int = 40) -> FakeRing:
+def host_ring(points: int = 40) -> RingBuffer:
     """What a machine with no GPU gives: the host row only; NVLink fields n/a."""
-    return FakeRing([
+    ring = RingBuffer()
+    ring.append([
         GpuSample(ts=FIXED_NOW + i * 0.1, gpu=-1, cpu_pct=50 + 40 * math.sin(i / 4), host_memory_used_bytes=3.2e9,
                   loopback_bytes_per_s=1e9 * (1 + math.sin(i / 3)))
         for i in range(points)
     ])
+    return ring
 
 
 def app_config(db_path: Path, **overrides: Any) -> AppConfig:
@@ -208,3 +199,14 @@ def app_config(db_path: Path, **overrides: Any) -> AppConfig:
     )
     fields.update(overrides)
     return AppConfig(**fields)
+
+
+def screen_text(app: Any) -> str:
+    """What the terminal shows now, as plain text (the same render as Textual's screenshots)."""
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, record=True,
+                      color_system="truecolor", legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return console.export_text()

@@ -143,6 +143,12 @@ class PkbApp(App[int]):
             self.notify(text or "no runs", title=f"Batch {message.status}")
         self._update_summary()
         self.refresh_history()
+        # A batch of one run, watched to its end: show its result (failures included).
+        from pkb_tui.app.screens.live import LiveScreen
+
+        if (len(state.runs) == 1 and state.runs[0].run_id is not None and message.status != "interrupted"
+                and isinstance(self.screen, LiveScreen) and not self._quit_when_idle):
+            self.open_result(state.runs[0].run_id)
 
     @on(QueueIdle)
     def _queue_idle(self, message: QueueIdle) -> None:

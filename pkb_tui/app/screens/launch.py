@@ -59,10 +59,8 @@ class LaunchScreen(Screen):
                 with Horizontal(id="task-filter-row"):
                     yield Input(placeholder="/ filter tasks", id="task-filter", compact=True)
                     yield Select([(ALL, ALL)], value=ALL, allow_blank=False, id="family", compact=True)
-                table = DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
-                table.loading = True
-                yield table
-                yield Static("", id="task-detail")
+                yield DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
+                yield Static("loading the tasks…", id="task-detail")
             with Vertical(id="side-pane"):
                 yield Label("Models [dim](space marks)[/]", classes="pane-title")
                 yield SelectionList[str](id="models", compact=True)
@@ -129,7 +127,6 @@ class LaunchScreen(Screen):
             models.add_option((label, model.name, model.name in wanted))
         if catalog.problem:
             self.notify(catalog.problem, title="Task catalogue", severity="warning", timeout=10)
-        self.query_one("#tasks", DataTable).loading = False
         self._refill_tasks()
 
     # ------------------------------------------------------------------ the tasks table

@@ -1,0 +1,165 @@
+"""Runs launched from the dashboard for real: the engine's launcher starts torchrun with two gloo
+ranks on the CPU. A run goes from the Launch screen to its result and into History; cancelling
+records it as interrupted; quitting during a run asks first, then stops it cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+from textual.widgets import DataTable, Select
+
+from pkb_tui.app import PkbApp
+from pkb_tui.app.screens.confirm import ConfirmScreen
+from pkb_tui.app.screens.history import HistoryScreen
+from pkb_tui.app.screens.live import LiveScreen
+from pkb_tui.app.screens.result import ResultScreen
+from pkb_tui.store import Store
+from tests.app_fixtures import app_config, screen_text
+
+pytestmark = pytest.mark.timeout(300)
+
+CPU_RUN = {"mode": "cpu", "world_size": 2, "size": "small", "trials": 2, "models": ["baseline"],
+           "iterations": 10, "warmup": 2}
+
+
+def real_app(tmp_path, **defaults) -> PkbApp:
+    from pkb_tui.app.catalog import load_catalog
+
+    return PkbApp(config=app_config(tmp_path / "runs.db", catalog=load_catalog, defaults={**CPU_RUN, **defaults}))
+
+
+async def until(predicate, pilot, timeout_s: float = 180.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.2)
+
+
+async def pick_all_reduce(app: PkbApp, pilot) -> None:
+    await app.workers.wait_for_complete()  # the task catalogue (imports torch)
+    await pilot.pause()
+    await pilot.press("slash", *"all_reduce", "enter")  # filter, then Enter goes back to the list
+    await pilot.pause()
+    table = app.screen.query_one("#tasks", DataTable)
+    assert [table.get_row_at(i)[0].plain.strip() for i in range(table.row_count)] == ["all_reduce"]
+
+
+def descendants() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]
+
+
+def test_a_cpu_run_goes_from_launch_to_result_and_into_history(tmp_path):
+    app = real_app(tmp_path)
+
+    async def body(pilot):
+        await pick_all_reduce(app, pilot)
+        await pilot.press("r")
+        await pilot.pause()
+        assert isinstance(app.screen, LiveScreen)
+        await until(lambda: app.batch.state.current is not None, pilot, what="the run to start")
+        assert "all_reduce" in screen_text(app)
+        await until(lambda: not app.batch.busy, pilot, what="the batch to end")
+        await pilot.pause(0.5)
+        # One run in the batch: its result opens by itself.
+        assert isinstance(app.screen, ResultScreen), app.screen
+        text = screen_text(app)
+        assert "all_reduce" in text and "baseline" in text and "✓ passed" in text, text
+        assert "✓ 2/2" in text  # both trials correct
+        run_id = app.screen.run_id
+        await pilot.press("escape", "h")
+        await pilot.pause()
+        assert isinstance(app.screen, HistoryScreen)
+        table = app.screen.query_one("#runs", DataTable)
+        first = table.get_row_at(0)
+        assert first[1] == str(run_id) and first[2].plain == "✓" and first[3] == "all_reduce"
+        await pilot.press("q")
+
+    asyncio.run(_drive(app, body))
+    with Store(tmp_path / "runs.db") as store:
+        runs = store.runs()
+        assert len(runs) == 1 and runs[0]["status"] == "passed" and runs[0]["candidate_correct"] == 1
+
+
+def test_cancel_leaves_an_interrupted_run_and_no_processes(tmp_path):
+    app = real_app(tmp_path, trials=500)  # long enough to be cancelled mid-way
+
+    async def body(pilot):
+        await pick_all_reduce(app, pilot)
+        await pilot.press("r")
+        await until(lambda: app.batch.state.current is not None and app.batch.state.current.run_id is not None,
+                    pilot, what="the run to start")
+        run_id = app.batch.state.current.run_id
+        await pilot.press("x")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await until(lambda: not app.batch.busy, pilot, timeout_s=60, what="the batch to stop")
+        assert app.is_running  # cancelling stops the run, not the app
+        assert app.batch.state.runs[0].status == "interrupted"
+        await pilot.pause(0.5)  # the Live screen redraws at 4 Hz
+        assert "interrupted" in screen_text(app)
+        assert app.store.run(run_id)["status"] == "interrupted"
+        await pilot.press("q")
+
+    asyncio.run(_drive(app, body))
+    assert not [p for p in descendants() if _is_rank(p)]
+
+
+def test_quitting_during_a_run_asks_then_stops_it_cleanly(tmp_path):
+    app = real_app(tmp_path, trials=500)
+
+    async def body(pilot):
+        await pick_all_reduce(app, pilot)
+        await pilot.press("r")
+        await until(lambda: app.batch.state.current is not None and app.batch.state.current.run_id is not None,
+                    pilot, what="the run to start")
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")  # keep running
+        await pilot.pause()
+        assert app.batch.busy and app.is_running
+        await pilot.press("q")
+        await pilot.pause()
+        await pilot.press("y")
+        await until(lambda: not app.is_running, pilot, timeout_s=60, what="the app to close")
+
+    asyncio.run(_drive(app, body))
+    with Store(tmp_path / "runs.db") as store:
+        assert [r["status"] for r in store.runs()] == ["interrupted"]
+    assert not [p for p in descendants() if _is_rank(p)]
+
+
+def test_a_request_the_engine_refuses_is_shown_and_nothing_runs(tmp_path):
+    app = real_app(tmp_path, dtype="float64")  # all_reduce has no float64
+
+    async def body(pilot):
+        await pick_all_reduce(app, pilot)
+        app.screen.query_one("#dtype", Select).value = "float64"
+        await pilot.press("r")
+        await pilot.pause()
+        assert not app.batch.busy
+        assert not isinstance(app.screen, LiveScreen)
+        assert any("does not support dtype float64" in n.message for n in app._notifications)
+
+    asyncio.run(_drive(app, body))
+
+
+async def _drive(app: PkbApp, body) -> None:
+    async with app.run_test(size=(100, 32)) as pilot:
+        await body(pilot)
+
+
+def _is_rank(pid: int) -> bool:
+    import psutil
+
+    try:
+        return "torch.distributed.run" in " ".join(psutil.Process(pid).cmdline()) or "pkb_tui.engine.worker" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
