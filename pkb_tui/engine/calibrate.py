@@ -345,7 +345,7 @@ def calibrate(
         raise PkbError(NO_GPU_MESSAGE)
     say = progress or (lambda _msg: None)
     gpus = torch.cuda.device_count()
-    copy_bytes = 256 * MiB if quick else 1 * GiB
+    copy_bytes = 256 * MiB if quick else 2 * GiB
     peer_bytes = 128 * MiB if quick else 512 * MiB
     rows: list[dict[str, Any]] = []
 

@@ -71,7 +71,7 @@ def _events_median_us(fn, iters: int, warmup: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def _rank_main(rank: int, world: int, init_file: str, trials: int, iters: int, queue) -> None:
+def _rank_main(rank: int, world: int, init_file: str, trials: int, iters: int, only: list[str] | None, queue) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
@@ -86,6 +86,8 @@ def _rank_main(rank: int, world: int, init_file: str, trials: int, iters: int, q
     try:
         device = torch.device("cuda", 0)
         for task_id, label, override in CASES:
+            if only and task_id not in only:
+                continue
             task = load_task(task_id)
             solution = _load_solution(task_id)
             for dtype in DTYPES:
@@ -102,7 +104,8 @@ def _rank_main(rank: int, world: int, init_file: str, trials: int, iters: int, q
                                            seed=1000 + trial, device=device, mode="shared-gpu")
                         ctx.params.update(override)
                         inputs = task.make_inputs(ctx)
-                        everyone = [task.make_inputs(ctx.for_rank(r)) for r in range(world)]
+                        # references are plain maths on CPU tensors (as the tests run them)
+                        everyone = [tuple(t.cpu() for t in task.make_inputs(ctx.for_rank(r))) for r in range(world)]
                         expected = task.reference(everyone, ctx)[rank]
                         got = solution(*[t.clone() for t in inputs])
                         torch.cuda.synchronize()
@@ -134,14 +137,14 @@ def _rank_main(rank: int, world: int, init_file: str, trials: int, iters: int, q
         dist.destroy_process_group()
 
 
-def run_world(world: int, trials: int, iters: int, timeout_s: float) -> tuple[list[dict], list[str]]:
+def run_world(world: int, trials: int, iters: int, timeout_s: float, tasks: list[str] | None = None) -> tuple[list[dict], list[str]]:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_rank_main, args=(r, world, init_file, trials, iters, queue)) for r in range(world)]
+        procs = [ctx.Process(target=_rank_main, args=(r, world, init_file, trials, iters, tasks, queue)) for r in range(world)]
         for p in procs:
             p.start()
         results, errors = {}, []
@@ -183,6 +186,7 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp")
+    parser.add_argument("--tasks", default="", help="only these task ids (comma separated)")
     args = parser.parse_args()
     from pkb_tui.engine.mps import MpsDaemon
 
@@ -200,7 +204,7 @@ def main() -> int:
                         continue
                     os.environ.update(daemon.env)  # the spawned ranks become its clients
                 started = time.monotonic()
-                rows, errors = run_world(world, args.trials, args.iters, args.timeout)
+                rows, errors = run_world(world, args.trials, args.iters, args.timeout, [t for t in args.tasks.split(",") if t])
                 print(f"world {world} mps {mps_setting}: {len(rows)} rows, {len(errors)} errors in {time.monotonic() - started:.0f} s",
                       flush=True)
             finally:
