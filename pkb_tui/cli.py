@@ -310,7 +310,7 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     for note in summary["notes"]:
         out.write(f"  note: {note}\n")
     _print_runs_table([summary], out)
-    for trial in run["trials"]:
+    for trial in sorted(run["trials"], key=lambda t: (t["trial"] < 0, t["trial"])):
         label = "timed" if trial["trial"] < 0 else str(trial["trial"])
         mark = "✓" if trial["correct"] else "✗"
         err = f"max abs err {trial['max_abs_error']:.3g}" if trial["max_abs_error"] is not None else ""
