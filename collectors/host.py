@@ -24,6 +24,7 @@ from collectors.sample import GpuSample
 NO_GPU_REASON = "no NVIDIA GPU found"
 WINDOW_S = 0.5  # rates span about this much time
 MIN_CPU_SPAN_S = 0.05  # below this a CPU share is mostly jiffy rounding: not shown
+MEMORY_EVERY_S = 0.5  # memory in use moves slowly; reading it costs as much as the rest together
 
 
 class _Window:
@@ -86,6 +87,7 @@ class HostSampler:
         self._loopback = _Window()
         self._procs: dict[int, _Window] = {}
         self._ps_procs: dict[int, object] = {}
+        self._memory: tuple[float, float | None] | None = None  # (read at, bytes)
         self.pids: list[int] = []
         self.process_cpu_pct: dict[int, float | None] = {}
         self.set_pids(pids)
@@ -121,7 +123,7 @@ class HostSampler:
             process_cpu_pct[pid] = 100.0 * span[1][0] / span[0] if span is not None and span[0] >= MIN_CPU_SPAN_S else None
         self.process_cpu_pct = process_cpu_pct
         return [GpuSample(
-            ts=time.time(), gpu=-1, cpu_pct=cpu_pct, host_memory_used_bytes=self._memory_used_bytes(),
+            ts=time.time(), gpu=-1, cpu_pct=cpu_pct, host_memory_used_bytes=self._memory_used(now),
             loopback_bytes_per_s=loopback,
         )]
 
@@ -162,6 +164,11 @@ class HostSampler:
             return None
         after_name = text[text.rfind(")") + 2:].split()  # the name may hold spaces and parentheses
         return ((float(after_name[11]) + float(after_name[12])) / self._clk_tck,)  # utime + stime
+
+    def _memory_used(self, now: float) -> float | None:
+        if self._memory is None or now - self._memory[0] >= MEMORY_EVERY_S:
+            self._memory = (now, self._memory_used_bytes())
+        return self._memory[1]
 
     def _memory_used_bytes(self) -> float | None:
         if self._psutil is not None:

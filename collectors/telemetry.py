@@ -116,7 +116,9 @@ class Telemetry:
         return samples
 
     def _run(self) -> None:
-        next_at = time.monotonic()
+        # Straight away, unless a sample was just taken by hand (a caller priming the readings).
+        next_at = time.monotonic() + (self.interval_s if self.samples_taken else 0.0)
+        self._stop.wait(max(0.0, next_at - time.monotonic()))
         while not self._stop.is_set():
             try:
                 self.sample_once()
