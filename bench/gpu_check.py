@@ -102,7 +102,10 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         speedup = f"{r['speedup']:.2f}x" if isinstance(r.get("speedup"), (int, float)) else "-"
         fraction = r.get("roofline_fraction")
-        roof = f"{fraction:.1%}" if isinstance(fraction, (int, float)) else "-"
+        if isinstance(fraction, (int, float)):  # tiny sizes sit far below 1%: keep two digits
+            roof = f"{fraction:.1%}" if fraction >= 0.01 else f"{100 * fraction:.2g}%"
+        else:
+            roof = "-"
         correct = {True: "yes", False: "NO"}.get(r.get("correct"), r.get("status") or "-")
         mps = {True: "on", False: "off"}.get(r.get("mps_enabled"), "-")
         lines.append(f"{r['task']:<16} {r['model']:<17} {r['mode']:<10} {r['world_size']:>2} {mps:>3} {correct:<8} "

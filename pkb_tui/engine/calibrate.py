@@ -14,6 +14,7 @@ roofline.bandwidths_for reads them back through Store.latest_calibration.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -195,8 +196,6 @@ def measure_device_copy_gbps(device: int, nbytes: int, iterations: int = 20) -> 
         src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)  # never zeros
         dst = torch.empty_like(src)
         times = _time_device(lambda: dst.copy_(src), device, iterations)
-        del src, dst
-        torch.cuda.empty_cache()
     return _median_gbps(2 * nbytes, times)
 
 
@@ -287,7 +286,6 @@ def _allreduce_rank(rank: int, world: int, port: int, sizes: tuple[int, ...], it
             algbw = size / seconds / 1e9
             sweep.append({"size_bytes": size, "time_us": seconds * 1e6, "algbw_gbps": algbw,
                           "busbw_gbps": algbw * 2 * (world - 1) / world})
-            del x
         if rank == 0:
             queue.put(sweep)
     finally:
@@ -353,6 +351,7 @@ def calibrate(
     for device in ([0] if quick else range(gpus)):
         say(f"device copy on GPU {device} ({copy_bytes // MiB} MiB)")
         per_gpu[device] = measure_device_copy_gbps(device, copy_bytes)
+        torch.cuda.empty_cache()  # give the buffers back before the next GPU's or the sweep's
     best = max(per_gpu, key=per_gpu.get)
     rows.append(_row("device_copy", per_gpu[best], size_bytes=copy_bytes, detail={
         "counted": "bytes read + bytes written", "per_gpu_gbps": {str(k): v for k, v in per_gpu.items()},
@@ -365,12 +364,7 @@ def calibrate(
                      detail={"counted": "bytes read + bytes written", "method": "torch CPU copy_, median of 5"}))
 
     if gpus > 1:
-        try:
-            import cupy  # noqa: F401
-
-            have_cupy = True
-        except ImportError:
-            have_cupy = False
+        have_cupy = importlib.util.find_spec("cupy") is not None
         pairs = [(0, b) for b in range(1, gpus)] if quick else [(a, b) for a in range(gpus) for b in range(gpus) if a != b]
         for a, b in pairs:
             say(f"peer copies GPU {a} -> GPU {b}")
