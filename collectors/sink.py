@@ -147,6 +147,7 @@ class SampleSink:
         self._closing = False
         self._conn = _open_for_writing(self.db_path)  # fail here, in the caller, if the db is unusable
         self._last_retention = -math.inf
+        self._retained_until: float | None = None  # raw rows before this are folded already
         self._thread = threading.Thread(target=self._run, name=f"pkb-sample-sink:{self.db_path.name}", daemon=True)
         self._thread.start()
 
@@ -237,49 +238,71 @@ class SampleSink:
         if self.raw_keep_s is None or time.monotonic() - self._last_retention < self.retention_every_s:
             return
         self._last_retention = time.monotonic()
+        now = time.time()
         try:
-            apply_retention(self._conn, self.raw_keep_s)
+            apply_retention(self._conn, self.raw_keep_s, now, since=self._retained_until)
+            self._retained_until = math.floor(now - self.raw_keep_s)
         except sqlite3.Error as exc:
             self.error = f"retention on {self.db_path} failed: {exc}"
 
 
 # ------------------------------------------------------------------------------------ retention
-def apply_retention(conn_or_path: sqlite3.Connection | str | Path, raw_keep_s: float, now: float | None = None) -> int:
-    """Replace raw samples older than ``raw_keep_s`` by per-second averages; returns raw rows replaced.
+def apply_retention(
+    conn_or_path: sqlite3.Connection | str | Path, raw_keep_s: float, now: float | None = None, *,
+    since: float | None = None, slice_s: float = 30.0,
+) -> int:
+    """Replace raw samples older than ``raw_keep_s`` by per-second averages; returns raw sample rows replaced.
 
-    The cut falls on a whole second, so no second is ever split between a raw and an averaged part.
-    An averaged row's ts is the mean of its raw rows' ts (inside its second).
+    Works through the old raw rows in slices of ``slice_s`` seconds, one short transaction each, so
+    the launcher's own writes never wait long for the lock. ``since``: where the raw rows start, if
+    known (the sink remembers its last cut); else it is looked up. Cuts fall on whole seconds, so no
+    second is ever split between a raw and an averaged part. An averaged row's ts is the mean of its
+    raw rows' ts (inside its second); averages skip NULLs, and a column that was NULL stays NULL.
     """
     own = not isinstance(conn_or_path, sqlite3.Connection)
     conn = _open_for_writing(conn_or_path) if own else conn_or_path
     cutoff = math.floor((time.time() if now is None else now) - raw_keep_s)
     averages = ", ".join(f"AVG({c})" for c in SAMPLE_COLUMNS)
-    statements = [
-        (f"INSERT INTO samples (ts, host_id, run_id, gpu, resolution, {', '.join(SAMPLE_COLUMNS)}) "
-         f"SELECT AVG(ts), host_id, run_id, gpu, '1s', {averages} FROM samples "
-         f"WHERE resolution = 'raw' AND ts < ? GROUP BY host_id, run_id, gpu, CAST(ts AS INTEGER)"),
-        "DELETE FROM samples WHERE resolution = 'raw' AND ts < ?",
-        ("INSERT INTO link_samples (ts, run_id, gpu, link, resolution, tx_bytes_per_s, rx_bytes_per_s) "
-         "SELECT AVG(ts), run_id, gpu, link, '1s', AVG(tx_bytes_per_s), AVG(rx_bytes_per_s) FROM link_samples "
-         "WHERE resolution = 'raw' AND ts < ? GROUP BY run_id, gpu, link, CAST(ts AS INTEGER)"),
-        "DELETE FROM link_samples WHERE resolution = 'raw' AND ts < ?",
-    ]
+    window = "resolution = 'raw' AND ts >= ? AND ts < ?"
+    fold_samples = (
+        f"INSERT INTO samples (ts, host_id, run_id, gpu, resolution, {', '.join(SAMPLE_COLUMNS)}) "
+        f"SELECT AVG(ts), host_id, run_id, gpu, '1s', {averages} FROM samples "
+        f"WHERE {window} GROUP BY host_id, run_id, gpu, CAST(ts AS INTEGER)"
+    )
+    fold_links = (
+        "INSERT INTO link_samples (ts, run_id, gpu, link, resolution, tx_bytes_per_s, rx_bytes_per_s) "
+        "SELECT AVG(ts), run_id, gpu, link, '1s', AVG(tx_bytes_per_s), AVG(rx_bytes_per_s) FROM link_samples "
+        f"WHERE {window} GROUP BY run_id, gpu, link, CAST(ts AS INTEGER)"
+    )
+
+    def next_raw(after: float) -> float | None:
+        found = [
+            conn.execute(f"SELECT ts FROM {table} WHERE resolution = 'raw' AND ts >= ? ORDER BY ts LIMIT 1", (after,)).fetchone()
+            for table in ("samples", "link_samples")
+        ]
+        times = [row[0] for row in found if row is not None]
+        return math.floor(min(times)) if times else None
+
+    outer = conn.in_transaction  # a caller's transaction: fold inside it, no commits of ours
+    replaced = 0
     try:
-        began = not conn.in_transaction
-        if began:
-            conn.execute("BEGIN IMMEDIATE")
-        try:
-            replaced = 0
-            for statement in statements:
-                cur = conn.execute(statement, (cutoff,))
-                if statement.startswith("DELETE FROM samples"):
-                    replaced = cur.rowcount
-        except BaseException:
-            if began:
-                conn.execute("ROLLBACK")
-            raise
-        if began:
-            conn.execute("COMMIT")
+        start = next_raw(-math.inf if since is None else math.floor(since))
+        while start is not None and start < cutoff:
+            end = min(cutoff, start + max(1, math.ceil(slice_s)))
+            if not outer:
+                conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(fold_samples, (start, end))
+                replaced += conn.execute(f"DELETE FROM samples WHERE {window}", (start, end)).rowcount
+                conn.execute(fold_links, (start, end))
+                conn.execute(f"DELETE FROM link_samples WHERE {window}", (start, end))
+            except BaseException:
+                if not outer:
+                    conn.execute("ROLLBACK")
+                raise
+            if not outer:
+                conn.execute("COMMIT")
+            start = next_raw(end)
         return replaced
     finally:
         if own:

@@ -146,3 +146,50 @@ def test_ring_series_gives_one_gpus_column_oldest_first():
     assert ring.series(5, "power_w", 4) == []
     with pytest.raises(ValueError):
         ring.series(0, "links", 3)
+
+
+def _fill(db, seconds: int, start: float = 20_000.0) -> None:
+    with SampleSink(db) as sink:
+        sink.put([gpu_sample(start + k / 10, g, tx=float(k), links=2) for k in range(seconds * 10) for g in (0, 1)])
+
+
+def _table(db) -> list[tuple]:
+    conn = connect(db, readonly=True)
+    return [tuple(r) for r in conn.execute(
+        "SELECT ts, gpu, resolution, nvlink_tx_bytes_per_s, power_w FROM samples ORDER BY gpu, ts")] + [
+        tuple(r) for r in conn.execute("SELECT ts, gpu, link, resolution, tx_bytes_per_s FROM link_samples ORDER BY gpu, link, ts")]
+
+
+def test_retention_in_small_slices_matches_one_pass(tmp_path):
+    one, sliced = tmp_path / "one.db", tmp_path / "sliced.db"
+    for path in (one, sliced):
+        Store(path).close()
+        _fill(path, 12)
+    assert apply_retention(one, raw_keep_s=2, now=20_012.0, slice_s=3600) == 10 * 10 * 2
+    assert apply_retention(sliced, raw_keep_s=2, now=20_012.0, slice_s=1) == 10 * 10 * 2
+    assert _table(one) == _table(sliced)
+
+
+def test_retention_continues_from_where_it_stopped(tmp_path):
+    db = tmp_path / "runs.db"
+    Store(db).close()
+    _fill(db, 10)
+    assert apply_retention(db, raw_keep_s=6, now=20_010.0) == 4 * 10 * 2
+    # Later: told where the raw rows start, it folds the next seconds only.
+    assert apply_retention(db, raw_keep_s=3, now=20_010.0, since=20_004) == 3 * 10 * 2
+    conn = connect(db, readonly=True)
+    assert conn.execute("SELECT COUNT(*) FROM samples WHERE resolution='1s'").fetchone()[0] == 7 * 2
+    assert conn.execute("SELECT MIN(ts) FROM samples WHERE resolution='raw'").fetchone()[0] >= 20_007
+
+
+def test_the_sink_applies_retention_itself(tmp_path):
+    db = tmp_path / "runs.db"
+    Store(db).close()
+    sink = SampleSink(db, raw_keep_s=60.0, retention_every_s=0.0, flush_interval_s=0.01)
+    sink.put([gpu_sample(1_000.0 + k / 10, 0) for k in range(30)])  # long ago: due for folding
+    assert sink.flush()
+    sink.close()
+    assert sink.error is None
+    conn = connect(db, readonly=True)
+    assert conn.execute("SELECT COUNT(*) FROM samples WHERE resolution='raw'").fetchone()[0] == 0
+    assert conn.execute("SELECT COUNT(*) FROM samples WHERE resolution='1s'").fetchone()[0] == 3
