@@ -523,12 +523,26 @@ class NvmlSampler:
             out.nvlink_rx_bytes_per_s = rx_total if prev is not None else None
 
         if gpu.pcie_counters and prev is not None:
-            # 32-bit counters: unwrap modulo 2^32. Valid while the sampling interval stays below
-            # pcie_wrap_safe_s (~68 ms at Gen5 x16 line rate); GPUs with GPM use GPM's rates instead.
-            out.pcie_tx_bytes_per_s = self._rate((gpu.index, "pcie_tx", 0), prev.pcie_tx_bytes, snap.pcie_tx_bytes,
-                                                 modulus=PCIE_COUNTER_MODULUS, max_bytes_per_s=MAX_PCIE_BYTES_PER_S)
-            out.pcie_rx_bytes_per_s = self._rate((gpu.index, "pcie_rx", 0), prev.pcie_rx_bytes, snap.pcie_rx_bytes,
-                                                 modulus=PCIE_COUNTER_MODULUS, max_bytes_per_s=MAX_PCIE_BYTES_PER_S)
+            # 32-bit counters, unwrapped modulo 2^32: right only if at most one wrap happened since the
+            # last read, i.e. the interval is within pcie_wrap_safe_s (~61 ms at Gen5 x16, ~120 ms at
+            # Gen4). Over a longer interval the count is ambiguous, so there is no figure (GPUs with
+            # GPM, which is all Gen5 ones, take GPM's rates instead).
+            safe_us = pcie_wrap_safe_s(gpu.pcie_generation, gpu.pcie_width) * 1e6
+            for kind, before, after in (("pcie_tx", prev.pcie_tx_bytes, snap.pcie_tx_bytes),
+                                        ("pcie_rx", prev.pcie_rx_bytes, snap.pcie_rx_bytes)):
+                rate = None
+                if before is not None and after is not None and after.timestamp_us - before.timestamp_us <= safe_us:
+                    rate = self._rate((gpu.index, kind, 0), before, after, modulus=PCIE_COUNTER_MODULUS,
+                                      max_bytes_per_s=MAX_PCIE_BYTES_PER_S)
+                setattr(out, f"{kind}_bytes_per_s", rate)
+        if prev is not None:
+            # A reading missing this time (a failed call) keeps the last one, so the next rate spans both.
+            for link, value in prev.nvlink_tx_kib.items():
+                snap.nvlink_tx_kib.setdefault(link, value)
+            for link, value in prev.nvlink_rx_kib.items():
+                snap.nvlink_rx_kib.setdefault(link, value)
+            snap.pcie_tx_bytes = snap.pcie_tx_bytes or prev.pcie_tx_bytes
+            snap.pcie_rx_bytes = snap.pcie_rx_bytes or prev.pcie_rx_bytes
         self._previous[gpu.index] = snap
 
         gpm = self.gpm.get(gpu.index)

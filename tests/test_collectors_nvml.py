@@ -246,3 +246,14 @@ def test_abi_numbers_match_the_installed_nvidia_ml_py():
         rx, tx = N.gpm_nvlink_link_metric_ids(link)
         assert rx == getattr(pynvml, f"NVML_GPM_METRIC_NVLINK_L{link}_RX_PER_SEC")
         assert tx == getattr(pynvml, f"NVML_GPM_METRIC_NVLINK_L{link}_TX_PER_SEC")
+
+
+def test_pcie_counters_read_too_far_apart_give_no_figure(trace):
+    """Past the wrap-safe window a second wrap may hide in the delta: no figure rather than a wrong one."""
+    replay = ReplayNvml(trace)
+    sampler = NvmlSampler(nvml=replay, clock=replay.clock)
+    sampler.sample()
+    replay.step(3)  # 150 ms: beyond ~122 ms, Gen4 x16's wrap-safe window (GPU 1)
+    assert sampler.sample()[1].pcie_tx_bytes_per_s is None
+    replay.step(2)  # 100 ms: inside it again
+    assert sampler.sample()[1].pcie_tx_bytes_per_s is not None
