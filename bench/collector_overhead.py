@@ -140,7 +140,7 @@ def sink_throughput(tmp: Path, rows: int) -> None:
 
 
 def _kernel_timer():
-    """(label, fn returning the time of one batch in us per iteration)."""
+    """(label, fn timing one batch -> us per iteration, batches per window)."""
     import torch
 
     if torch.cuda.is_available():
@@ -149,7 +149,7 @@ def _kernel_timer():
         dst = torch.empty_like(src)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-        def run(iterations: int = 20) -> float:
+        def run(iterations: int = 50) -> float:
             dst.copy_(src)
             start.record()
             for _ in range(iterations):
@@ -158,7 +158,7 @@ def _kernel_timer():
             end.synchronize()
             return start.elapsed_time(end) * 1000.0 / iterations
 
-        return "CUDA device copy 256 MiB (CUDA events)", run
+        return "CUDA device copy 256 MiB (CUDA events)", run, 20
     torch.set_num_threads(1)  # one core, so the sampler thread's share shows rather than thread contention
     a = torch.randn(256, 256)
     b = torch.randn(256, 256)
@@ -169,7 +169,7 @@ def _kernel_timer():
             torch.mm(a, b)
         return (time.perf_counter() - t0) * 1e6 / iterations
 
-    return "CPU matmul 256x256, 1 thread (perf_counter)", run
+    return "CPU matmul 256x256, 1 thread (perf_counter)", run, 10
 
 
 _COLLECTOR_CHILD = (
@@ -204,7 +204,7 @@ class _Collector:
 
 @part("kernel time with the collector on vs off")
 def kernel_effect(tmp: Path, rounds: int) -> None:
-    label, run = _kernel_timer()
+    label, run, batches = _kernel_timer()
     for _ in range(5):
         run()
     configs = {"off": None, "10 Hz": 0.1, "100 Hz": 0.01}
@@ -213,7 +213,7 @@ def kernel_effect(tmp: Path, rounds: int) -> None:
         for name, interval in configs.items():
             collector = _Collector(tmp / "effect.db", interval) if interval else None
             try:
-                times[name] += [run() for _ in range(10)]
+                times[name] += [run() for _ in range(batches)]
             finally:
                 if collector is not None:
                     collector.stop()

@@ -36,7 +36,9 @@ _COMM_PREFIX = re.compile(r"^(?:void\s+)?(?:nccl|rccl)", re.IGNORECASE)
 _COMM_CPU = re.compile(
     r"^(?:gloo:|nccl:|mpi:|ucc:|c10d::|_c10d_functional::|c10d_functional::|symm_mem::|record_param_comms|ProcessGroup)",
 )
-_COPY_ACTIVITY = re.compile(r"^(?:Memcpy|Memset|\[CUDA mem(?:cpy|set)|cudaMemcpy|cudaMemset|memcpy|memset)", re.IGNORECASE)
+# Copy-engine and memset activities as CUPTI / kineto name them ("Memcpy DtoD (Device -> Device)",
+# "Memset (Device)") or as nsys does ("[CUDA memcpy ...]"); a kernel merely called memcpy_* is not one.
+_COPY_ACTIVITY = re.compile(r"^(?:Memcpy [A-Za-z]+ \(|Memset \(|\[CUDA mem(?:cpy|set))")
 _COPY_KERNEL = re.compile(r"direct_copy_kernel|copy_device_to_device|CatArrayBatchedCopy|FillFunctor|^(?:void\s+)?cupy_copy")
 _COPY_CPU_OPS = {
     "aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous", "aten::_copy_from",
