@@ -257,3 +257,25 @@ def test_pcie_counters_read_too_far_apart_give_no_figure(trace):
     assert sampler.sample()[1].pcie_tx_bytes_per_s is None
     replay.step(2)  # 100 ms: inside it again
     assert sampler.sample()[1].pcie_tx_bytes_per_s is not None
+
+
+def test_a_recording_replays_to_the_same_rates(trace):
+    """record_trace (run on the GPU box) writes what the replay reads: a recording can be a fixture."""
+    from collectors.replay import record_trace
+
+    class Stepping(ReplayNvml):
+        def nvmlDeviceGetFieldValues(self, handle, requests):
+            out = super().nvmlDeviceGetFieldValues(handle, requests)
+            if handle == len(self.devices) - 1 and any(r[0] == 197 for r in requests):
+                self.step()  # the recorder read every GPU: time moves on
+            return out
+
+    source = Stepping(trace)
+    recorded = record_trace(source, ticks=5, interval_s=0.0, source="test")
+    assert len(recorded["devices"]) == 3 and len(recorded["devices"][0]["ticks"]) == 5
+    assert recorded["devices"][2]["unsupported_fields"] == [197, 198]  # the H200 stand-in has no PCIe counters
+    original, _, _ = run(trace, 5)
+    replayed, _, _ = run(recorded, 5)
+    for k in range(1, 4):
+        assert replayed[k][0].nvlink_tx_bytes_per_s == pytest.approx(original[k][0].nvlink_tx_bytes_per_s)
+        assert [l.rx_bytes_per_s for l in replayed[k][1].links] == pytest.approx([l.rx_bytes_per_s for l in original[k][1].links])
