@@ -54,7 +54,9 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return F.normalize(image, dim=-1).to(ctx.dtype), F.normalize(text, dim=-1).to(ctx.dtype), scale
 
 
-def baseline(image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor) -> dict[str, torch.Tensor]:
+def baseline(
+    image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     rank, n = dist.get_rank(), dist.get_world_size()
     batch = image_features.shape[0]
     all_image = image_features.new_empty((n * batch, image_features.shape[1]))

@@ -66,10 +66,9 @@ def baseline(router_logits: torch.Tensor, topk_idx: torch.Tensor) -> dict[str, t
     logits = router_logits.float()
     probs = torch.softmax(logits, dim=-1)
     counts = torch.bincount(topk_idx.reshape(-1), minlength=experts)
-    stats = torch.cat([
-        counts.double(), probs.sum(0).double(),
-        torch.stack([torch.tensor(float(tokens), device=logits.device), torch.logsumexp(logits, -1).pow(2).sum()]).double(),
-    ])
+    token_count = torch.tensor(float(tokens), device=logits.device)
+    z_sum = torch.logsumexp(logits, -1).pow(2).sum()
+    stats = torch.cat([counts.double(), probs.sum(0).double(), torch.stack([token_count, z_sum]).double()])
     _comm.all_reduce(stats)  # [counts (E) | probability sums (E) | T | sum of z]
     global_counts, prob_sums, (total_tokens, z_sum) = stats[:experts], stats[experts:2 * experts], stats[2 * experts:]
     aux_loss = experts / (top_k * total_tokens ** 2) * (global_counts * prob_sums).sum()

@@ -74,7 +74,9 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, ...]:
     return x, topk_idx, topk_weight, (expert_weight / math.sqrt(p["hidden"])).to(ctx.dtype)
 
 
-def baseline(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, expert_weight: torch.Tensor) -> torch.Tensor:
+def baseline(
+    x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor, expert_weight: torch.Tensor,
+) -> torch.Tensor:
     n = dist.get_world_size()
     local_experts = expert_weight.shape[0]
     tokens, top_k = topk_idx.shape

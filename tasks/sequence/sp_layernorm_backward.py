@@ -53,13 +53,16 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     p = ctx.params
     rows = p["tokens"] // ctx.world_size
     # Activations with a per-token offset and scale, so the normalisation has work to do.
-    x = ctx.randn(rows, p["hidden"], stream=0, dtype=torch.float32) * 2.0 + ctx.randn(rows, 1, stream=1, dtype=torch.float32)
+    x = (ctx.randn(rows, p["hidden"], stream=0, dtype=torch.float32) * 2.0
+         + ctx.randn(rows, 1, stream=1, dtype=torch.float32))
     grad_out = ctx.randn(rows, p["hidden"], stream=2)
     gamma = 1.0 + 0.1 * torch.randn(p["hidden"], generator=ctx.shared_generator(), device=ctx.device)
     return x.to(ctx.dtype), grad_out, gamma.to(ctx.dtype)
 
 
-def baseline(x_shard: torch.Tensor, grad_out_shard: torch.Tensor, gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def baseline(
+    x_shard: torch.Tensor, grad_out_shard: torch.Tensor, gamma: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x = x_shard.float()
     dy = grad_out_shard.float()
     mean = x.mean(-1, keepdim=True)
@@ -86,7 +89,8 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[tuple[torc
         h = x.shape[-1]
         dx_hat = dy * gamma.double()
         std = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + EPS)
-        grad_x = (h * dx_hat - dx_hat.sum(-1, keepdim=True) - x_hat * (dx_hat * x_hat).sum(-1, keepdim=True)) / (h * std)
+        grad_x = (h * dx_hat - dx_hat.sum(-1, keepdim=True)
+                  - x_hat * (dx_hat * x_hat).sum(-1, keepdim=True)) / (h * std)
         grad_xs.append(grad_x.to(ctx.dtype))
     return [(gx, grad_gamma.float(), grad_beta.float()) for gx in grad_xs]
 

@@ -57,7 +57,9 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return partial.to(ctx.dtype), residual_shard, gamma.to(ctx.dtype)
 
 
-def baseline(partial: torch.Tensor, residual_shard: torch.Tensor, gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def baseline(
+    partial: torch.Tensor, residual_shard: torch.Tensor, gamma: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     n = dist.get_world_size()
     reduced = torch.empty((partial.shape[0] // n, partial.shape[1]), dtype=partial.dtype, device=partial.device)
     _comm.reduce_scatter_single(reduced, partial)
