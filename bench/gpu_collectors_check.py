@@ -221,7 +221,7 @@ def costs() -> None:
     for pcie in (None, True):
         sampler = NvmlSampler(pcie_counters=pcie)
         gpus = len(sampler.gpus)
-        figures[f"gauges (util, memory, power, clocks, temperature)"] = timed_us(sampler.gpus[0].gauges)
+        figures["gauges (util, memory, power, clocks, temperature)"] = timed_us(sampler.gpus[0].gauges)
         label = "auto: GPM for PCIe where present" if pcie is None else "PCIe counters forced"
         figures[f"NvmlSampler.sample() per GPU ({label})"] = timed_us(sampler.sample, reps=30) / gpus
         sampler.close()
@@ -363,7 +363,7 @@ def nccl_all_reduce(seconds: float, out_dir: Path) -> None:
     try:
         x = torch.randn(64 * 2**20, device="cuda:0")  # 256 MiB
         gathered = torch.empty_like(x)
-        candidate = None
+        candidate_kernel = None
         try:
             import cupy as cp
 
@@ -375,9 +375,13 @@ def nccl_all_reduce(seconds: float, out_dir: Path) -> None:
             cx, cy = cp.asarray(x), cp.asarray(gathered)
             blocks = (x.numel() + 255) // 256
 
-            def candidate() -> None:
+            def launch() -> None:
                 with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
                     kernel((blocks,), (256,), (cx, cy, cp.int64(x.numel())))
+
+            launch()  # compiles here, so a CuPy problem shows now and not inside the timed loops
+            torch.cuda.synchronize(0)
+            candidate_kernel = launch
         except Exception as exc:
             print(f"    CuPy candidate kernel unavailable ({type(exc).__name__}: {exc}); profiling torch/NCCL only")
 
@@ -385,8 +389,8 @@ def nccl_all_reduce(seconds: float, out_dir: Path) -> None:
             dist.all_reduce(x)
             dist.all_gather_into_tensor(gathered, x)
             x.mul_(0.5)
-            if candidate is not None:
-                candidate()
+            if candidate_kernel is not None:
+                candidate_kernel()
 
         step()
         torch.cuda.synchronize(0)
