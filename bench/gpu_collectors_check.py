@@ -85,11 +85,15 @@ class Load:
         self.step = step
         self.bytes = 0
         self.stop_event = threading.Event()
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self.stop_event.is_set():
-            self.bytes += self.step()
+        try:
+            while not self.stop_event.is_set():
+                self.bytes += self.step()
+        except BaseException as exc:  # surfaces in __exit__, in the part that used the load
+            self.error = exc
 
     def __enter__(self) -> "Load":
         self.started = time.perf_counter()
@@ -100,6 +104,8 @@ class Load:
         self.stop_event.set()
         self.thread.join()
         self.elapsed_s = time.perf_counter() - self.started
+        if self.error is not None:
+            raise RuntimeError(f"the background load failed: {type(self.error).__name__}: {self.error}")
 
 
 def observe(seconds: float, interval_s: float = 0.1) -> list:
