@@ -16,6 +16,7 @@ from pkb_tui.app.screens.confirm import ConfirmScreen
 from pkb_tui.app.screens.history import HistoryScreen
 from pkb_tui.app.screens.live import LiveScreen
 from pkb_tui.app.screens.result import ResultScreen
+from pkb_tui.app.widgets.row_list import RowList
 from pkb_tui.store import Store
 from tests.app_fixtures import app_config, screen_text
 
@@ -75,8 +76,7 @@ def test_a_cpu_run_goes_from_launch_to_result_and_into_history(tmp_path):
         await pilot.press("escape", "h")
         await pilot.pause()
         assert isinstance(app.screen, HistoryScreen)
-        table = app.screen.query_one("#runs", DataTable)
-        first = table.get_row_at(0)
+        first = app.screen.query_one("#runs", RowList).rows[0]
         assert first[1] == str(run_id) and first[2].plain == "✓" and first[3] == "all_reduce"
         await pilot.press("q")
 

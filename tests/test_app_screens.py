@@ -19,6 +19,7 @@ from pkb_tui.app.screens.history import HistoryScreen
 from pkb_tui.app.screens.launch import LaunchScreen
 from pkb_tui.app.screens.monitor import MonitorScreen
 from pkb_tui.app.screens.result import ResultScreen
+from pkb_tui.app.widgets.row_list import RowList
 from tests.app_fixtures import KNOWN_RUNS, FakeTelemetry, app_config, gpu_ring, screen_text, seed_runs
 
 
@@ -38,8 +39,9 @@ def drive(app: PkbApp, body: Callable[..., Awaitable[None]], size: tuple[int, in
     asyncio.run(main())
 
 
-def table_rows(table: DataTable) -> list[list[str]]:
-    return [[getattr(c, "plain", str(c)) for c in table.get_row_at(i)] for i in range(table.row_count)]
+def table_rows(table: DataTable | RowList) -> list[list[str]]:
+    rows = table.rows if isinstance(table, RowList) else [table.get_row_at(i) for i in range(table.row_count)]
+    return [[getattr(c, "plain", str(c)) for c in row] for row in rows]
 
 
 def test_the_app_opens_on_the_tasks_list(seeded):
@@ -83,7 +85,7 @@ def test_history_lists_every_run_newest_first_with_marks(seeded):
         await pilot.press("h")
         await pilot.pause()
         assert isinstance(app.screen, HistoryScreen)
-        rows = table_rows(app.screen.query_one("#runs", DataTable))
+        rows = table_rows(app.screen.query_one("#runs", RowList))
         assert [int(r[1]) for r in rows] == sorted(ids, reverse=True)
         by_id = {int(r[1]): r for r in rows}
         for run_id, known in zip(ids, KNOWN_RUNS):
@@ -102,7 +104,7 @@ def test_history_filters_by_status_and_model_and_sorts(seeded):
         await pilot.press("h")
         await pilot.pause()
         screen = app.screen
-        table = screen.query_one("#runs", DataTable)
+        table = screen.query_one("#runs", RowList)
         screen.query_one("#filter-status", Select).value = "passed"
         await pilot.pause()
         expected = [i for i, k in zip(ids, KNOWN_RUNS) if k.status == "passed"]
@@ -136,7 +138,7 @@ def test_history_filters_by_date_and_host(seeded):
         await pilot.press("h")
         await pilot.pause()
         screen = app.screen
-        table = screen.query_one("#runs", DataTable)
+        table = screen.query_one("#runs", RowList)
         screen.query_one("#filter-period", Select).value = "1d"
         await pilot.pause()
         now = app.config.clock()
@@ -159,10 +161,10 @@ def test_two_marked_runs_compare_side_by_side(seeded):
     async def body(pilot):
         await pilot.press("h")
         await pilot.pause()
-        table = app.screen.query_one("#runs", DataTable)
+        table = app.screen.query_one("#runs", RowList)
         # Runs are newest first: mark ids[1]; marking moves the cursor down (to ids[0]), so three
         # ups reach ids[3].
-        table.move_cursor(row=len(ids) - 2)
+        table.cursor = len(ids) - 2
         await pilot.press("space", "up", "up", "up", "space", "c")
         await pilot.pause()
         assert isinstance(app.screen, CompareScreen)

@@ -36,5 +36,5 @@ class AppConfig:
     launcher: Callable[[Path, Path | None], Any] = _default_launcher
     live_refresh_s: float = 0.25  # 4 Hz sparklines
     chart_refresh_s: float = 0.5  # plotext panels at 2 Hz at most
-    history_page: int = 500  # runs loaded at a time in History
+    history_page: int = 100  # runs loaded at a time in History (more as the cursor nears the end)
     defaults: dict[str, Any] = field(default_factory=dict)  # launch options preset (world_size, mode, ...)

@@ -162,19 +162,18 @@ def spark(values: list[float | None], width: int, top: float | None = None) -> s
     if width <= 0:
         return ""
     values = values[-width:]
-    present = [v for v in values if v is not None]
     if top is None:
-        top = max(present, default=0.0)
-    chars = []
-    for value in values:
-        if value is None:
-            chars.append("·")
-        elif top <= 0:
-            chars.append("▁")
-        else:
-            level = 1 + round(min(max(value / top, 0.0), 1.0) * 7)
-            chars.append(SPARK_LEVELS[level])
-    return "".join(chars).rjust(width)
+        top = max((v for v in values if v is not None), default=0.0)
+    if top <= 0:
+        line = "".join("·" if v is None else "▁" for v in values)
+    else:
+        scale = 7.0 / top  # levels 1..8: the lowest bar still shows that a value exists
+        levels = SPARK_LEVELS
+        line = "".join(
+            "·" if v is None else levels[1 + (7 if v >= top else 0 if v <= 0 else round(v * scale))]
+            for v in values
+        )
+    return line.rjust(width)
 
 
 def level_char(value: float | None, top: float) -> str:

@@ -421,3 +421,8 @@ class Store:
             "pcie_rx_bytes_per_s, sm_util_pct, power_w, cpu_pct, loopback_bytes_per_s FROM samples "
             "WHERE run_id = ? AND resolution = 'raw' ORDER BY gpu, ts LIMIT ?", (run_id, limit),
         )]
+
+    def data_version(self) -> int:
+        """Changes whenever another connection (the launcher, the sample sink) commits: screens
+        use it to skip reloading when nothing was written since they last looked."""
+        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])

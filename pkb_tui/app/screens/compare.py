@@ -10,8 +10,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import (
     NA, STATUS_STYLES, correct_mark, fmt_bytes, fmt_error, fmt_fraction, fmt_gbps, fmt_speedup, fmt_time, fmt_us,
     status_label,
@@ -96,7 +97,7 @@ class CompareScreen(Screen):
         with VerticalScroll():
             yield Static("", id="compare-title")
             yield Static("", id="compare-table")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.load()

@@ -23,8 +23,8 @@ class ConfirmScreen(ModalScreen[bool]):
         with Vertical(id="confirm-box"):
             yield Static(self.question, id="confirm-question")
             with Horizontal(id="confirm-buttons"):
-                yield Button(f"{self.yes} [y]", id="yes", variant="error")
-                yield Button(f"{self.no} [n]", id="no", variant="primary")
+                yield Button(f"y: {self.yes}", id="yes", variant="error")
+                yield Button(f"n: {self.no}", id="no", variant="primary")
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()  # the safe answer is the default

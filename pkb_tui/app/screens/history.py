@@ -11,12 +11,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, DataTable, Footer, Label, Select, Static
+from textual.widgets import ContentSwitcher, DataTable, Label, Select, Static
 
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import (
-    STATUS_STYLES, correct_mark, fmt_speedup, fmt_time, fmt_us, status_label, status_mark, truncate,
+    STATUS_STYLES, fmt_speedup, fmt_time, fmt_us, status_label, status_mark, truncate,
 )
 from pkb_tui.app.widgets.nav import NavBar
+from pkb_tui.app.widgets.row_list import Column, RowList
 from pkb_tui.store.schema import RUN_STATUSES
 
 if TYPE_CHECKING:
@@ -29,6 +31,12 @@ SORTS = (  # (Store.runs order_by, label)
 )
 COLUMN_SORT = {"id": "id", "task": "task", "model": "model", "status": "status", "speedup": "speedup",
                "cand": "candidate_us", "base": "baseline_us", "when": "created"}
+# Sized so that 80 columns show everything up to the date; the host gets what is left.
+RUN_COLUMNS = [
+    Column("mark", " ", 1), Column("id", "run", 5, "right"), Column("status", "", 1), Column("task", "task", 15),
+    Column("model", "model", 14), Column("speedup", "speedup", 8, "right"), Column("cand", "cand", 8, "right"),
+    Column("base", "base", 8, "right"), Column("when", "when", 11), Column("host", "host", 12),
+]
 PERIODS = ((ANY, "any time"), ("1d", "last 24 h"), ("7d", "last 7 days"), ("30d", "last 30 days"))
 PERIOD_S = {"1d": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0}
 
@@ -48,7 +56,6 @@ def leaderboard_rows(board: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 
 class HistoryScreen(Screen):
     BINDINGS = [
-        Binding("enter", "open", "Open", show=False),
         Binding("space", "mark", "Mark"),
         Binding("c", "compare", "Compare"),
         Binding("s", "next_sort", "Sort"),
@@ -67,6 +74,9 @@ class HistoryScreen(Screen):
         self.total = 0
         self._row_ids: list[int] = []  # table row -> run id
         self._runs: dict[int, dict[str, Any]] = {}  # the loaded runs' rows, for the preview line
+        self._loaded_filters: tuple | None = None  # the select values the table was loaded for
+        self._data_version: int | None = None
+        self._board_stale = True
 
     @property
     def pkb(self) -> "PkbApp":
@@ -84,28 +94,27 @@ class HistoryScreen(Screen):
             yield Select([(ANY, ANY)], value=ANY, allow_blank=False, id="filter-host", compact=True)
         yield Label("", id="history-title")
         with ContentSwitcher(initial="runs", id="history-switcher"):
-            yield DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+            yield RowList(RUN_COLUMNS, id="runs")
             yield DataTable(id="leaderboard", cursor_type="row", zebra_stripes=True)
         yield Static("", id="history-preview")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
-        runs = self.query_one("#runs", DataTable)
-        for label, key in ((" ", "mark"), ("run", "id"), ("", "status"), ("task", "task"), ("model", "model"),
-                           ("speedup", "speedup"), ("cand", "cand"), ("base", "base"), ("ok", "ok"),
-                           ("when", "when"), ("host", "host")):
-            runs.add_column(label, key=key)
+        runs = self.query_one("#runs", RowList)
         board = self.query_one("#leaderboard", DataTable)
         for label, key in (("model", "model"), ("tasks", "tasks"), ("correct", "correct"), ("fast_1", "fast_1"),
                            ("fast_1.5", "fast_1_5"), ("geomean speedup", "geomean")):
             board.add_column(label, key=key)
-        self._fill_filter_choices()
-        self.reload()
         runs.focus()
 
     def on_screen_resume(self) -> None:
-        self._fill_filter_choices()
-        self.reload()
+        # Also runs when first shown. Reload only if something was written since we last looked
+        # (a run finished, samples arrived): redrawing thousands of rows for nothing is slow.
+        version = self.pkb.store.data_version()
+        if version != self._data_version:
+            self._data_version = version
+            self._fill_filter_choices()
+            self.reload()
 
     # ------------------------------------------------------------------ filters
     def _fill_filter_choices(self) -> None:
@@ -123,6 +132,9 @@ class HistoryScreen(Screen):
             hosts.set_options(choices)
             hosts.value = current if current in [c[1] for c in choices] else ANY
 
+    def _filter_values(self) -> tuple:
+        return tuple(select.value for select in self.query("#history-filters Select").results(Select))
+
     def filters(self) -> dict[str, Any]:
         """The Store.runs() keyword filters the selects stand for."""
         def value(select_id: str) -> Any:
@@ -139,54 +151,59 @@ class HistoryScreen(Screen):
 
     @on(Select.Changed)
     def _filter_changed(self, event: Select.Changed) -> None:
-        if event.select.id and event.select.id.startswith("filter-"):
+        # Selects announce their first value when mounted: reload only on a real change.
+        if event.select.id and event.select.id.startswith("filter-") and self._filter_values() != self._loaded_filters:
             self.reload()
 
     # ------------------------------------------------------------------ loading
     def reload(self) -> None:
         """Reload the first page of runs (and the leaderboard) for the current filters and order."""
-        table = self.query_one("#runs", DataTable)
-        keep = self._row_ids[table.cursor_row] if self._row_ids and table.cursor_row < len(self._row_ids) else None
-        table.clear()
+        table = self.query_one("#runs", RowList)
+        keep = self.highlighted()
         self._row_ids = []
         self._runs = {}
         self.loaded = 0
         filters = self.filters()
+        self._loaded_filters = self._filter_values()
         self.total = self.pkb.store.count_runs_where(**filters)
-        self._load_page()
-        if keep in self._row_ids:
-            table.move_cursor(row=self._row_ids.index(keep))
-        self._fill_leaderboard(filters.get("task"))
+        rows = self._fetch_page()
+        table.set_rows(rows, cursor=self._row_ids.index(keep) if keep in self._row_ids else 0)
+        self._board_stale = True
+        if self.query_one("#history-switcher", ContentSwitcher).current == "leaderboard":
+            self._fill_leaderboard()
         self._update_title()
         self._update_preview()
 
-    def _load_page(self) -> None:
-        rows = self.pkb.store.runs(
+    def _fetch_page(self) -> list[list]:
+        """The next page of runs as table rows (and remember their ids)."""
+        runs = self.pkb.store.runs(
             **self.filters(), order_by=self.order_by, descending=self.descending,
             limit=self.pkb.config.history_page, offset=self.loaded,
         )
-        table = self.query_one("#runs", DataTable)
-        utc = self.pkb.config.utc
-        for run in rows:
-            status = run["status"]
-            style = STATUS_STYLES.get(status, "")
-            speedup = run.get("speedup")
-            table.add_row(
-                Text("●", style="bold yellow") if run["id"] in self.marked else Text(" "),
-                str(run["id"]), Text(status_mark(status), style=style), truncate(run["task_id"], 18),
-                truncate(run["model"], 16),
-                Text(fmt_speedup(speedup), style="green" if (speedup or 0) > 1 else ""),
-                fmt_us(run.get("candidate_median_us")), fmt_us(run.get("baseline_median_us")),
-                Text(correct_mark(run.get("candidate_correct")),
-                     style="green" if run.get("candidate_correct") else "red"),
-                fmt_time(run["created_at"], utc=utc)[5:], truncate(run.get("hostname") or "–", 14),
-                key=str(run["id"]),
-            )
+        rows = []
+        for run in runs:
+            rows.append(self._row(run))
             self._row_ids.append(run["id"])
             self._runs[run["id"]] = run
-        self.loaded += len(rows)
+        self.loaded += len(runs)
+        return rows
 
-    def _fill_leaderboard(self, task: str | None) -> None:
+    def _row(self, run: dict[str, Any]) -> list:
+        status = run["status"]
+        speedup = run.get("speedup")
+        return [
+            Text("●", style="bold yellow") if run["id"] in self.marked else " ",
+            str(run["id"]), Text(status_mark(status), style=STATUS_STYLES.get(status, "")), run["task_id"],
+            run["model"], Text(fmt_speedup(speedup), style="green" if (speedup or 0) > 1 else ""),
+            fmt_us(run.get("candidate_median_us")), fmt_us(run.get("baseline_median_us")),
+            fmt_time(run["created_at"], utc=self.pkb.config.utc)[5:], run.get("hostname") or "–",
+        ]
+
+    def _fill_leaderboard(self) -> None:
+        if not self._board_stale:
+            return
+        self._board_stale = False
+        task = self.filters().get("task")
         board = self.query_one("#leaderboard", DataTable)
         board.clear()
         entries = self.pkb.store.leaderboard(task_ids=[task] if task else None)
@@ -204,11 +221,11 @@ class HistoryScreen(Screen):
                 title += " · marked " + ", ".join(f"#{r}" for r in self.marked)
         self.query_one("#history-title", Label).update(title)
 
-    @on(DataTable.RowHighlighted, "#runs")
-    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+    @on(RowList.Highlighted, "#runs")
+    def _highlighted(self, event: RowList.Highlighted) -> None:
         # Page in more runs when the cursor nears the end of what is loaded.
-        if event.cursor_row >= self.loaded - 5 and self.loaded < self.total:
-            self._load_page()
+        if event.index >= self.loaded - 5 and self.loaded < self.total:
+            self.query_one("#runs", RowList).append_rows(self._fetch_page())
             self._update_title()
         self._update_preview()
 
@@ -232,10 +249,10 @@ class HistoryScreen(Screen):
 
     # ------------------------------------------------------------------ actions
     def highlighted(self) -> int | None:
-        table = self.query_one("#runs", DataTable)
-        if not self._row_ids or table.cursor_row >= len(self._row_ids):
+        table = self.query_one("#runs", RowList)
+        if not self._row_ids or table.cursor >= len(self._row_ids):
             return None
-        return self._row_ids[table.cursor_row]
+        return self._row_ids[table.cursor]
 
     def action_open(self) -> None:
         if self.query_one("#history-switcher", ContentSwitcher).current == "leaderboard":
@@ -245,7 +262,7 @@ class HistoryScreen(Screen):
         if run_id is not None:
             self.pkb.open_result(run_id)
 
-    @on(DataTable.RowSelected, "#runs")
+    @on(RowList.Selected, "#runs")
     def _selected(self) -> None:
         self.action_open()
 
@@ -260,7 +277,7 @@ class HistoryScreen(Screen):
         model = board.coordinate_to_cell_key((board.cursor_row, 0)).row_key.value
         self.query_one("#history-switcher", ContentSwitcher).current = "runs"
         self.query_one("#filter-model", Select).value = model
-        self.query_one("#runs", DataTable).focus()
+        self.query_one("#runs", RowList).focus()
 
     def action_mark(self) -> None:
         run_id = self.highlighted()
@@ -271,13 +288,12 @@ class HistoryScreen(Screen):
         else:
             self.marked.append(run_id)
             self.marked = self.marked[-2:]
-        table = self.query_one("#runs", DataTable)
-        for rid in self._row_ids:
-            mark = Text("●", style="bold yellow") if rid in self.marked else Text(" ")
-            if table.get_cell(str(rid), "mark").plain != mark.plain:
-                table.update_cell(str(rid), "mark", mark)
-        if table.cursor_row < table.row_count - 1:
-            table.move_cursor(row=table.cursor_row + 1)
+        table = self.query_one("#runs", RowList)
+        for index, rid in enumerate(self._row_ids):
+            marked = rid in self.marked
+            if (table.rows[index][0] != " ") != marked:
+                table.update_row(index, self._row(self._runs[rid]))
+        table.cursor += 1
         self._update_title()
 
     def action_compare(self) -> None:
@@ -300,9 +316,9 @@ class HistoryScreen(Screen):
         self.descending = not self.descending
         self.reload()
 
-    @on(DataTable.HeaderSelected, "#runs")
-    def _header_selected(self, event: DataTable.HeaderSelected) -> None:
-        order = COLUMN_SORT.get(str(event.column_key.value))
+    @on(RowList.HeaderClicked, "#runs")
+    def _header_selected(self, event: RowList.HeaderClicked) -> None:
+        order = COLUMN_SORT.get(event.column)
         if order is None:
             return
         if order == self.order_by:
@@ -314,7 +330,9 @@ class HistoryScreen(Screen):
     def action_toggle_board(self) -> None:
         switcher = self.query_one("#history-switcher", ContentSwitcher)
         switcher.current = "leaderboard" if switcher.current == "runs" else "runs"
-        self.query_one(f"#{switcher.current}", DataTable).focus()
+        if switcher.current == "leaderboard":
+            self._fill_leaderboard()
+        self.query_one(f"#{switcher.current}").focus()
         self._update_title()
 
     def action_focus_filters(self) -> None:
@@ -322,4 +340,4 @@ class HistoryScreen(Screen):
 
     def action_focus_table(self) -> None:
         switcher = self.query_one("#history-switcher", ContentSwitcher)
-        self.query_one(f"#{switcher.current}", DataTable).focus()
+        self.query_one(f"#{switcher.current}").focus()

@@ -14,8 +14,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Checkbox, DataTable, Footer, Input, Label, Select, SelectionList, Static
+from textual.widgets import Checkbox, DataTable, Input, Label, Select, SelectionList, Static
 
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.catalog import Catalog, TaskInfo
 from pkb_tui.app.format import STATUS_STYLES, fmt_speedup, status_mark, truncate
 from pkb_tui.app.widgets.nav import NavBar
@@ -46,6 +47,7 @@ class LaunchScreen(Screen):
         super().__init__()
         self.marked: set[str] = set()
         self.catalog: Catalog | None = None
+        self._data_version: int | None = None
 
     @property
     def pkb(self) -> "PkbApp":
@@ -81,26 +83,36 @@ class LaunchScreen(Screen):
                     str(defaults.get("trials", 3)), type="integer", id="trials", compact=True))
                 yield Checkbox("timing", value=defaults.get("timing", True), id="timing", compact=True)
                 yield Static("", id="launch-summary")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
-        table = self.query_one("#tasks", DataTable)
-        table.add_column("  task", key="task")
-        table.add_column("family", key="family")
-        table.add_column("ranks", key="ranks")
-        table.add_column("last", key="last")
-        table.focus()
+        self._add_columns(20)
+        self.query_one("#tasks", DataTable).focus()
         if self.pkb.catalog is not None:
             self._fill(self.pkb.catalog)
         else:
             self._load_catalog()
 
+    def _add_columns(self, task_width: int) -> None:
+        # Fixed widths (a DataTable column never shrinks once a long id was seen). Family goes
+        # last: at 80 columns it is the one cut, and the line under the list shows it anyway.
+        table = self.query_one("#tasks", DataTable)
+        table.clear(columns=True)
+        table.add_column("  task", key="task", width=task_width)
+        table.add_column("ranks", key="ranks", width=5)
+        table.add_column("last", key="last", width=9)
+        table.add_column("family", key="family", width=10)
+
     def on_screen_resume(self) -> None:
-        if self.catalog is not None:
+        # The "last" column may have changed if a run finished meanwhile.
+        version = self.pkb.store.data_version()
+        if self.catalog is not None and version != self._data_version:
+            self._data_version = version
             self._refill_tasks()
 
     def reload(self) -> None:
-        self.on_screen_resume()
+        if self.catalog is not None:
+            self._refill_tasks()
 
     @work(thread=True, exclusive=True, group="catalog")
     def _load_catalog(self) -> None:
@@ -119,14 +131,15 @@ class LaunchScreen(Screen):
         models = self.query_one("#models", SelectionList)
         models.clear_options()
         wanted = self.pkb.config.defaults.get("models")
-        if wanted is None:  # the first real solution set, else the baseline self-check
-            real = [m.name for m in catalog.models if m.name != "baseline" and m.covered]
-            wanted = real[:1] or ["baseline"]
+        if wanted is None:  # the solution set covering the most tasks, else the baseline self-check
+            real = sorted((m for m in catalog.models if m.name != "baseline" and m.covered), key=lambda m: -m.covered)
+            wanted = [real[0].name] if real else ["baseline"]
         for model in catalog.models:
             label = Text(f"{truncate(model.name, 20):<20} {model.covered:>2}/{model.total}")
             models.add_option((label, model.name, model.name in wanted))
         if catalog.problem:
             self.notify(catalog.problem, title="Task catalogue", severity="warning", timeout=10)
+        self._add_columns(min(24, 2 + max((len(t.id) for t in catalog.tasks), default=10)))
         self._refill_tasks()
 
     # ------------------------------------------------------------------ the tasks table
@@ -159,9 +172,9 @@ class LaunchScreen(Screen):
         self._update_summary()
 
     def _task_cell(self, task_id: str) -> Text:
-        if task_id in self.marked:
-            return Text.assemble(("✓ ", "bold green"), (task_id, "bold"))
-        return Text(f"  {task_id}")
+        text = Text.assemble(("✓ ", "bold green"), (task_id, "bold")) if task_id in self.marked else Text(f"  {task_id}")
+        text.truncate(24, overflow="ellipsis")
+        return text
 
     def _row(self, task: TaskInfo, last: dict | None) -> tuple:
         if last is None:
@@ -170,7 +183,7 @@ class LaunchScreen(Screen):
             status = last["status"]
             figure = fmt_speedup(last["speedup"]) if last["speedup"] is not None else status
             last_text = Text(f"{status_mark(status)} {figure}", style=STATUS_STYLES.get(status, ""))
-        return (self._task_cell(task.id), task.family, task.world_sizes_label, last_text)
+        return (self._task_cell(task.id), task.world_sizes_label, last_text, task.family)
 
     def highlighted_task(self) -> str | None:
         table = self.query_one("#tasks", DataTable)
@@ -193,7 +206,7 @@ class LaunchScreen(Screen):
         if task is None:
             detail.update("")
             return
-        first = Text.assemble((task.title, "bold"), f" · {', '.join(task.dtypes)} · {', '.join(task.modes)}")
+        first = Text.assemble((task.title, "bold"), f" · {task.family} · {', '.join(task.dtypes)} · {', '.join(task.modes)}")
         first.no_wrap, first.overflow = True, "ellipsis"
         second = Text(task.source, style="dim", no_wrap=True, overflow="ellipsis")
         detail.update(Text("\n").join([first, second]))

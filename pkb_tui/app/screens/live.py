@@ -12,8 +12,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Label, Static
+from textual.widgets import DataTable, Label, Static
 
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import STATUS_STYLES, fmt_duration, fmt_fraction, fmt_us, status_mark, truncate
 from pkb_tui.app.live_state import LiveState
 from pkb_tui.app.widgets.log_tail import LogTail
@@ -58,7 +59,7 @@ class LiveScreen(Screen):
                 yield DataTable(id="live-kernels", cursor_type="row", zebra_stripes=True)
         yield Label("Log", classes="pane-title", id="live-log-title")
         yield LogTail(id="live-log")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         runs = self.query_one("#live-runs", DataTable)
@@ -83,7 +84,11 @@ class LiveScreen(Screen):
     # ------------------------------------------------------------------ refresh
     def tick(self) -> None:
         """One refresh: telemetry every tick (4 Hz), the rest when the state changed, the log at 2 Hz."""
-        self.query_one("#live-telemetry", TelemetryPanel).update_from(self.pkb.batch.telemetry)
+        panel = self.query_one("#live-telemetry", TelemetryPanel)
+        if self.pkb.batch.telemetry is None and not self.pkb.batch.busy:
+            panel.show_message("telemetry shows here while a batch runs; m (Monitor) shows it any time")
+        else:
+            panel.update_from(self.pkb.batch.telemetry)
         state = self.pkb.batch.state
         if state is not self._seen_state or state.version != self._seen_version:
             self._seen_state, self._seen_version = state, state.version

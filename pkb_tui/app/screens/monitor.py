@@ -12,8 +12,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.widgets.nav import NavBar
 from pkb_tui.app.widgets.telemetry import TelemetryPanel
 
@@ -41,7 +42,7 @@ class MonitorScreen(Screen):
         yield Static("", id="monitor-head")
         with VerticalScroll():
             yield TelemetryPanel(detail=True, id="monitor-telemetry")
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self._timer = self.set_interval(self.pkb.config.live_refresh_s, self.tick)

@@ -14,8 +14,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import (
     NA, STATUS_STYLES, bar, correct_mark, fmt_bytes, fmt_error, fmt_fraction, fmt_gbps, fmt_speedup, fmt_time,
     fmt_us, speedup_gauge, status_label,
@@ -245,7 +246,7 @@ class ResultScreen(Screen):
             yield Static("", id="result-trials")
             yield Static("", id="result-kernels")
             yield PlotextChart(id="result-chart", min_interval_s=self.pkb.config.chart_refresh_s)
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.load()
@@ -267,7 +268,12 @@ class ResultScreen(Screen):
         if run.get("log_path"):
             head.append(Text(f"log: {run['log_path']}", style="dim"))
         self.query_one("#result-head", Static).update(Text("\n").join(head))
-        self.query_one("#result-sides", Static).update(comparison_table(run))
+        if run.get("results"):
+            self.query_one("#result-sides", Static).update(comparison_table(run))
+        else:
+            self.query_one("#result-sides", Static).update(Text(
+                "No figures: the run ended before any variant was timed (the reason is above; the log has the rest).",
+                style="dim"))
         self.query_one("#result-trials", Static).update(Group(Text("Trials", style="bold underline"), trials_table(run)))
         self.query_one("#result-kernels", Static).update(Group(Text("Top kernels", style="bold underline"), kernels_table(run)))
         self._draw_chart()

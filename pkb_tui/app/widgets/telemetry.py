@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual.strip import Strip
 from textual.widget import Widget
 
 from pkb_tui.app.format import fmt_pct, fmt_rate, fmt_watts, level_char, spark
+from pkb_tui.app.widgets.strips import text_segments
 
 TX_STYLE = "cyan"
 RX_STYLE = "magenta"
@@ -34,17 +36,38 @@ class TelemetryPanel(Widget):
         super().__init__(id=id)
         self.detail = detail  # Monitor: memory, temperature, clocks and a links row per GPU
         self._lines: list[Text] = [Text("waiting for telemetry…", style="dim")]
+        self._strips: list[Strip] | None = None
+        self._strips_width = 0
 
     def update_from(self, telemetry: Any) -> None:
         previous = len(self._lines)
         self._lines = self.build_lines(telemetry, max(20, self.size.width or 80))
+        self._strips = None
         # A new GPU or link row changes the height: only then is a layout pass needed.
         self.refresh(layout=len(self._lines) != previous)
 
-    def render(self) -> Text:
-        text = Text("\n", no_wrap=True, overflow="crop").join(self._lines)
-        text.no_wrap = True
-        return text
+    def show_message(self, message: str) -> None:
+        if len(self._lines) == 1 and self._lines[0].plain == message:
+            return
+        previous = len(self._lines)
+        self._lines, self._strips = [Text(message, style="dim")], None
+        self.refresh(layout=previous != 1)
+
+    def render_line(self, y: int) -> Strip:
+        # The line API: each Text row becomes a Strip directly, skipping the generic
+        # Text -> Content -> strips path (the bulk of a refresh's cost with 8 GPUs).
+        width = self.size.width
+        base = self.rich_style
+        if self._strips is None or self._strips_width != width:
+            console = self.app.console
+            self._strips = [
+                Strip(text_segments(line, console, base)).adjust_cell_length(width, base)
+                for line in self._lines
+            ]
+            self._strips_width = width
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(width, base)
 
     def get_content_height(self, container, viewport, width: int) -> int:
         return len(self._lines)

@@ -1,0 +1,198 @@
+"""How fast the dashboard draws: prints
+
+  1. the time to open History on a database of 10,000 runs and 1,000,000 samples
+     (target < 200 ms), cold (first time the screen is built) and warm (shown again);
+  2. the cost of one Live refresh with 8 GPUs x 18 NVLink links (target < 16 ms):
+     reading the ring buffer and building the rows, and the whole tick with the redraw.
+
+The database is built once through the Store and the collectors' sample writer, then reused
+(--db to keep it elsewhere). Headless: Textual's test driver, a 200x50 terminal.
+
+    python bench/tui_render.py [--runs 10000] [--samples 1000000] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from collectors.sample import GpuSample, LinkSample  # noqa: E402
+from collectors.sink import RingBuffer, write_samples  # noqa: E402
+from pkb_tui.store import Store  # noqa: E402
+
+TASKS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter"]
+MODELS = ["torch-p2p", "gpt-x", "claude-y", "gemini-z", "baseline"]
+STATUSES = ["passed"] * 7 + ["failed", "error", "timeout"]
+
+
+def build_db(path: Path, runs: int, samples: int) -> None:
+    t0 = time.perf_counter()
+    with Store(path) as store:
+        host = store.upsert_host({"hostname": "bench-box", "gpu_model": "NVIDIA H200", "gpu_count": 8})
+        start = time.time() - runs * 60
+        for i in range(runs):
+            status = STATUSES[i % len(STATUSES)]
+            run_id = store.create_run({
+                "batch_id": f"b{i // 8}", "task_id": TASKS[i % len(TASKS)], "model": MODELS[(i // 8) % len(MODELS)],
+                "world_size": 8, "mode": "nccl", "dtype": "bfloat16", "size": "default", "trials": 3,
+                "timeout_s": 300.0, "request": "{}", "status": status, "host_id": host,
+                "created_at": start + i * 60, "launcher_pid": 1, "launcher_host": "elsewhere",
+            })
+            base = 1000.0 + (i % 97)
+            store.add_result(run_id, "baseline", {"correct": 1, "median_us": base, "p10_us": base * 0.9,
+                                                  "p90_us": base * 1.1, "trials_passed": 3, "trials_total": 3})
+            cand = base / (0.5 + (i % 13) / 6)
+            store.add_result(run_id, "candidate", {
+                "correct": int(status == "passed"), "median_us": cand, "speedup": base / cand,
+                "roofline_fraction": 0.3 + (i % 7) / 10, "trials_passed": 3, "trials_total": 3,
+            })
+        print(f"  {runs:,} runs written in {time.perf_counter() - t0:.1f} s", flush=True)
+        t0 = time.perf_counter()
+        conn = store.conn
+        batch = []
+        per_gpu = samples // 8
+        for step in range(per_gpu):
+            for gpu in range(8):
+                batch.append(GpuSample(ts=start + step * 0.1, gpu=gpu, nvlink_tx_bytes_per_s=1e11, nvlink_rx_bytes_per_s=9e10,
+                                       sm_util_pct=50.0, power_w=400.0, run_id=1 + (step * 8 // 1000) % runs))
+            if len(batch) >= 50_000:
+                write_samples(conn, batch, host)
+                batch = []
+        if batch:
+            write_samples(conn, batch, host)
+        print(f"  {per_gpu * 8:,} samples written in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def full_ring(gpus: int, links: int) -> RingBuffer:
+    """A ring at its full capacity (an hour at 10 Hz), 8 GPUs x 18 links plus the host row."""
+    ring = RingBuffer()
+    steps = ring.capacity // (gpus + 1)
+    for step in range(steps):
+        rate = 2e11 * (0.5 + 0.5 * math.sin(step / 7))
+        ring.append([
+            GpuSample(ts=step * 0.1, gpu=g, nvlink_tx_bytes_per_s=rate, nvlink_rx_bytes_per_s=rate, pcie_tx_bytes_per_s=1e9,
+                      pcie_rx_bytes_per_s=1e9, sm_util_pct=60, power_w=500,
+                      links=[LinkSample(l, rate / links, rate / links) for l in range(links)])
+            for g in range(gpus)
+        ] + [GpuSample(ts=step * 0.1, gpu=-1, cpu_pct=30.0)])
+    return ring
+
+
+class _Telemetry:
+    def __init__(self, ring: RingBuffer) -> None:
+        self.ring, self.source, self.reason = ring, "nvml", None
+
+
+def ms(values: list[float]) -> str:
+    return f"median {statistics.median(values) * 1e3:.1f} ms (min {min(values) * 1e3:.1f}, max {max(values) * 1e3:.1f}, n={len(values)})"
+
+
+class Clock:
+    """Wall time and this process's CPU time of a block. On a shared, loaded machine the wall
+    time includes waiting for a core; the CPU time is what the work itself costs."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def __enter__(self) -> "Clock":
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall.append(time.perf_counter() - self._wall)
+        self.cpu.append(time.process_time() - self._cpu)
+
+    def report(self) -> str:
+        return f"wall {ms(self.wall)}\n      cpu  {ms(self.cpu)}"
+
+
+async def bench_history(db: Path, repeat: int) -> None:
+    from pkb_tui.app import AppConfig, PkbApp
+    from pkb_tui.app.catalog import Catalog
+    from pkb_tui.app.screens.history import HistoryScreen
+
+    cold, warm, query = Clock(), Clock(), Clock()
+    for _ in range(repeat):
+        app = PkbApp(config=AppConfig(db_path=db, catalog=Catalog, telemetry=None))
+        async with app.run_test(size=(200, 50)) as pilot:
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            with cold:  # compose and mount the screen, query, fill the table, draw
+                await pilot.press("h")
+                await pilot.pause()
+            assert isinstance(app.screen, HistoryScreen) and app.screen.total > 0
+            rows = app.screen.query_one("#runs").row_count
+            await pilot.press("l")
+            await pilot.pause()
+            with warm:  # shown again: nothing new in the database, so no reload; a full redraw
+                await pilot.press("h")
+                await pilot.pause()
+            with query:
+                app.store.count_runs_where()
+                app.store.runs(limit=app.config.history_page)
+    print(f"History open, first time (build the screen, query, {rows} rows, draw):\n      {cold.report()}")
+    print(f"History shown again:\n      {warm.report()}")
+    print(f"  of which the database reads (count + first page):\n      {query.report()}")
+
+
+async def bench_live(repeat: int) -> None:
+    from pkb_tui.app import AppConfig, PkbApp
+    from pkb_tui.app.catalog import Catalog
+    from pkb_tui.app.screens.live import LiveScreen
+    from pkb_tui.app.widgets.telemetry import TelemetryPanel
+    from textual.geometry import Region
+
+    ring = full_ring(8, 18)
+    with tempfile.TemporaryDirectory() as tmp:
+        app = PkbApp(config=AppConfig(db_path=Path(tmp) / "runs.db", catalog=Catalog, telemetry=None,
+                                      live_refresh_s=3600))  # ticks driven by hand below
+        app.batch.telemetry_override = _Telemetry(ring)
+        async with app.run_test(size=(200, 50)) as pilot:
+            await pilot.press("v")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, LiveScreen)
+            panel = screen.query_one(TelemetryPanel)
+            build, tick = Clock(), Clock()
+            region = Region(0, 0, panel.size.width, panel.size.height)
+            for _ in range(repeat * 20):
+                with build:
+                    panel.build_lines(app.batch.telemetry, panel.size.width)
+            for _ in range(repeat * 20):
+                with tick:  # what a 4 Hz timer tick costs: read, build, turn into strips
+                    screen.tick()
+                    panel.render_lines(region)
+            lines = len(panel.build_lines(app.batch.telemetry, panel.size.width))
+    print(f"Live refresh, 8 GPUs x 18 links, ring at capacity ({len(ring):,} samples), panel {lines} lines at 200 columns:")
+    print(f"  read the ring + build the rows:\n      {build.report()}")
+    print(f"  one tick (read, build, render the panel's lines):\n      {tick.report()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--samples", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--db", type=Path, default=None, help="where to keep the bench database (default: a temp dir)")
+    args = parser.parse_args()
+    db = args.db or Path(tempfile.gettempdir()) / f"pkb-bench-{args.runs}-{args.samples}.db"
+    if not db.exists():
+        print(f"Building {db} ...", flush=True)
+        build_db(db, args.runs, args.samples)
+    with Store(db) as store:
+        print(f"Database {db}: {store.count_runs():,} runs")
+    asyncio.run(bench_history(db, args.repeat))
+    asyncio.run(bench_live(args.repeat))
+
+
+if __name__ == "__main__":
+    main()
