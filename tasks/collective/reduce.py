@@ -59,8 +59,8 @@ def traffic(ctx: TaskContext) -> Traffic:
     return Traffic(
         send_bytes=0 if is_root else size_bytes,
         recv_bytes=size_bytes if (is_root and n > 1) else 0,
-        # root: read its input and what arrives, write the sum; others: at least read their input
-        memory_bytes=3 * size_bytes if is_root else size_bytes,
+        # root: read its input and what arrives (nothing at n=1), write the sum; others: read their input
+        memory_bytes=(3 if n > 1 else 2) * size_bytes if is_root else size_bytes,
         flops=(n - 1) * numel // n,  # the (n-1)*numel additions, spread over the ranks
         payload_bytes=size_bytes, bus_factor=1.0,
     )
