@@ -65,10 +65,12 @@ def baseline(logits_shard: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
 
     logits_max = logits_shard.amax(dim=-1, keepdim=True).float()
     _comm.all_reduce(logits_max, op=_comm.MAX)
-    shifted = logits_shard.float() - logits_max
-    sum_exp = shifted.exp().sum(dim=-1, keepdim=True)
+    # One float32 working copy, updated in place (the input stays intact): [B, S, Vr] is the largest
+    # tensor of an RL step, so NeMo-RL keeps its temporaries few.
+    log_probs = logits_shard.to(torch.float32, copy=True).sub_(logits_max)
+    sum_exp = log_probs.exp().sum(dim=-1, keepdim=True)
     _comm.all_reduce(sum_exp)
-    log_probs = shifted - sum_exp.log()
+    log_probs.sub_(sum_exp.log())
 
     vocab_start = rank * shard_vocab
     outside = (target < vocab_start) | (target >= vocab_start + shard_vocab)
