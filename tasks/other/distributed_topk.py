@@ -60,16 +60,17 @@ def baseline(scores_shard: torch.Tensor):
     n = torch.distributed.get_world_size()
     rank = torch.distributed.get_rank()
     rows, width = scores_shard.shape
-    local_values, local_ids = torch.topk(scores_shard, K, dim=1)
+    per_rank = min(K, width)  # shards narrower than K (many ranks, small vocabulary) send all they have
+    local_values, local_ids = torch.topk(scores_shard, per_rank, dim=1)
     local_ids += rank * width
 
-    all_values = torch.empty(n * rows, K, dtype=scores_shard.dtype, device=scores_shard.device)
-    all_ids = torch.empty(n * rows, K, dtype=torch.int64, device=scores_shard.device)
+    all_values = torch.empty(n * rows, per_rank, dtype=scores_shard.dtype, device=scores_shard.device)
+    all_ids = torch.empty(n * rows, per_rank, dtype=torch.int64, device=scores_shard.device)
     _comm.all_gather_single(all_values, local_values)
     _comm.all_gather_single(all_ids, local_ids)
-    # [n*B, K] rank-major -> [B, n*K] candidates per row.
-    candidates = all_values.view(n, rows, K).permute(1, 0, 2).reshape(rows, n * K)
-    candidate_ids = all_ids.view(n, rows, K).permute(1, 0, 2).reshape(rows, n * K)
+    # [n*B, k] rank-major -> [B, n*k] candidates per row.
+    candidates = all_values.view(n, rows, per_rank).permute(1, 0, 2).reshape(rows, n * per_rank)
+    candidate_ids = all_ids.view(n, rows, per_rank).permute(1, 0, 2).reshape(rows, n * per_rank)
     values, positions = torch.topk(candidates, K, dim=1)
     return values, candidate_ids.gather(1, positions)
 
@@ -86,7 +87,7 @@ def traffic(ctx: TaskContext) -> Traffic:
     # Memory: the shard read once; candidates written and read. FLOPs: ~1 comparison per score.
     n = ctx.world_size
     rows = ctx.params["batch"]
-    candidate_bytes = rows * K * (ctx.dtype.itemsize + 8)
+    candidate_bytes = rows * min(K, _shard_vocab(ctx)) * (ctx.dtype.itemsize + 8)
     wire = (n - 1) * candidate_bytes
     shard = rows * _shard_vocab(ctx)
     return Traffic(
