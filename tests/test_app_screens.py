@@ -14,9 +14,11 @@ from textual.widgets import DataTable, Select
 
 from pkb_tui.app import PkbApp
 from pkb_tui.app.screens.compare import CompareScreen
+from pkb_tui.app.screens.filters import FilterScreen, RunFilters
 from pkb_tui.app.screens.help import HelpScreen
 from pkb_tui.app.screens.history import HistoryScreen
 from pkb_tui.app.screens.launch import LaunchScreen
+from pkb_tui.app.screens.live import LiveScreen
 from pkb_tui.app.screens.monitor import MonitorScreen
 from pkb_tui.app.screens.result import ResultScreen
 from pkb_tui.app.widgets.row_list import RowList
@@ -101,22 +103,26 @@ def test_history_filters_by_status_and_model_and_sorts(seeded):
     app = PkbApp(config=app_config(db))
 
     async def body(pilot):
-        await pilot.press("h")
+        await pilot.press("h", "f")  # the filters picker
+        await pilot.pause()
+        assert isinstance(app.screen, FilterScreen)
+        app.screen.query_one("#filter-status", Select).value = "passed"
+        await pilot.press("a")  # apply
         await pilot.pause()
         screen = app.screen
+        assert isinstance(screen, HistoryScreen)
         table = screen.query_one("#runs", RowList)
-        screen.query_one("#filter-status", Select).value = "passed"
-        await pilot.pause()
         expected = [i for i, k in zip(ids, KNOWN_RUNS) if k.status == "passed"]
         assert sorted(int(r[1]) for r in table_rows(table)) == sorted(expected)
-        screen.query_one("#filter-model", Select).value = "torch-p2p"
+        assert "status ✓ passed" in screen_text(app)
+        screen.set_filters(screen.run_filters.with_(model="torch-p2p"))
         await pilot.pause()
         expected = [i for i, k in zip(ids, KNOWN_RUNS) if k.status == "passed" and k.model == "torch-p2p"]
         assert sorted(int(r[1]) for r in table_rows(table)) == sorted(expected)
-        # Sort by speedup, highest first; then reverse.
-        screen.query_one("#filter-status", Select).value = "any"
-        screen.query_one("#filter-model", Select).value = "any"
+        # Clear the filters, sort by speedup (highest first), then reverse.
+        await pilot.press("f", "c")
         await pilot.pause()
+        assert len(table_rows(table)) == len(ids)
         while screen.order_by != "speedup":
             await pilot.press("s")
         await pilot.pause()
@@ -139,17 +145,17 @@ def test_history_filters_by_date_and_host(seeded):
         await pilot.pause()
         screen = app.screen
         table = screen.query_one("#runs", RowList)
-        screen.query_one("#filter-period", Select).value = "1d"
+        screen.set_filters(RunFilters(period="1d"))
         await pilot.pause()
         now = app.config.clock()
         expected = [i for i, k in zip(ids, KNOWN_RUNS) if k.created_at >= now - 86400]
         assert sorted(int(r[1]) for r in table_rows(table)) == sorted(expected)
-        screen.query_one("#filter-period", Select).value = "any"
         laptop = next(h["id"] for h in app.store.hosts() if h["hostname"] == "laptop")
-        screen.query_one("#filter-host", Select).value = laptop
+        screen.set_filters(RunFilters(host_id=laptop))
         await pilot.pause()
         expected = [i for i, k in zip(ids, KNOWN_RUNS) if k.host == "laptop"]
         assert sorted(int(r[1]) for r in table_rows(table)) == sorted(expected)
+        assert "host laptop" in screen_text(app)
 
     drive(app, body)
 
@@ -177,6 +183,30 @@ def test_two_marked_runs_compare_side_by_side(seeded):
         await pilot.press("a")
         await pilot.pause()
         assert isinstance(app.screen, ResultScreen) and app.screen.run_id == ids[1]
+
+    drive(app, body)
+
+
+def test_history_pages_in_more_runs_as_the_cursor_nears_the_end(tmp_path):
+    db = tmp_path / "runs.db"
+    many = [KNOWN_RUNS[i % len(KNOWN_RUNS)] for i in range(130)]
+    ids = seed_runs(db, many)
+    app = PkbApp(config=app_config(db, history_page=50))
+
+    async def body(pilot):
+        await pilot.press("h")
+        await pilot.pause()
+        screen = app.screen
+        table = screen.query_one("#runs", RowList)
+        assert (screen.loaded, screen.total, table.row_count) == (50, 130, 50)
+        await pilot.press("end")  # the last loaded row: the next page comes in
+        await pilot.pause()
+        assert table.row_count == 100
+        await pilot.press("end", "end")
+        await pilot.pause()
+        assert table.row_count == 130
+        assert int(table_rows(table)[-1][1]) == ids[0]  # newest first: the oldest run is last
+        assert "Runs: 130 of 130" in screen_text(app)
 
     drive(app, body)
 
@@ -219,14 +249,14 @@ def test_leaderboard_figures_match_the_known_rows(seeded):
     async def body(pilot):
         await pilot.press("h", "b")
         await pilot.pause()
-        rows = table_rows(app.screen.query_one("#leaderboard", DataTable))
+        rows = table_rows(app.screen.query_one("#leaderboard", RowList))
         shown = {row[0]: tuple(row[1:]) for row in rows}
         assert shown == expected_leaderboard()
         assert shown["torch-p2p"] == ("3", "2/3", "2/3", "1/3", "1.55×")  # by hand: sqrt(2.0 * 1.2)
         # Enter on a model shows that model's runs.
         await pilot.press("enter")
         await pilot.pause()
-        assert app.screen.query_one("#filter-model", Select).value == rows[0][0]
+        assert app.screen.run_filters.model == rows[0][0]
 
     drive(app, body)
 
@@ -300,7 +330,8 @@ def test_help_lists_every_key_of_every_screen(seeded):
         console = Console(width=100, record=True, file=open("/dev/null", "w"))
         console.print(key_table())
         listed = console.export_text()
-        for owner in (PkbApp, LaunchScreen, HistoryScreen, ResultScreen, CompareScreen, MonitorScreen):
+        for owner in (PkbApp, LaunchScreen, LiveScreen, HistoryScreen, FilterScreen, ResultScreen, CompareScreen,
+                      MonitorScreen):
             for binding in owner.BINDINGS:
                 assert binding.description in listed, (owner.__name__, binding.key)
         await pilot.press("escape")

@@ -48,6 +48,10 @@ def test_history_screen_wide(app_factory, snap_compare):
     assert snap_compare(app_factory(), press=["h"], run_before=settle, terminal_size=(200, 50))
 
 
+def test_history_filters_picker(app_factory, snap_compare):
+    assert snap_compare(app_factory(), press=["h", "f"], run_before=settle)
+
+
 def test_leaderboard(app_factory, snap_compare):
     assert snap_compare(app_factory(), press=["h", "b"], run_before=settle)
 

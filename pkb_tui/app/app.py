@@ -28,7 +28,7 @@ SCREEN_NAMES = {"launch": "Launch", "live": "Live", "history": "History", "monit
 
 class PkbApp(App[int]):
     TITLE = "pkb-tui"
-    CSS_PATH = "app.tcss"
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses (tests) find it too
     ENABLE_COMMAND_PALETTE = False
 
     BINDINGS = [

@@ -24,6 +24,7 @@ def _key_label(binding: Binding) -> str:
 def key_table() -> Table:
     from pkb_tui.app.app import PkbApp
     from pkb_tui.app.screens.compare import CompareScreen
+    from pkb_tui.app.screens.filters import FilterScreen
     from pkb_tui.app.screens.history import HistoryScreen
     from pkb_tui.app.screens.launch import LaunchScreen
     from pkb_tui.app.screens.live import LiveScreen
@@ -34,7 +35,7 @@ def key_table() -> Table:
     table.add_column("key", style="bold cyan", no_wrap=True, width=12)
     table.add_column("does", ratio=1)
     sections = [("Everywhere", PkbApp), ("Launch", LaunchScreen), ("Live", LiveScreen), ("History", HistoryScreen),
-                ("Result", ResultScreen), ("Compare", CompareScreen), ("Monitor", MonitorScreen)]
+                ("History filters", FilterScreen), ("Result", ResultScreen), ("Compare", CompareScreen), ("Monitor", MonitorScreen)]
     extra = {
         "Launch": [("tab", "next field (filter, family, tasks, models, options)"),
                    ("enter", "on the tasks list: run; in Models: mark")],

@@ -9,22 +9,20 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, DataTable, Label, Select, Static
+from textual.widgets import ContentSwitcher, Label, Static
 
 from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import (
-    STATUS_STYLES, fmt_speedup, fmt_time, fmt_us, status_label, status_mark, truncate,
+    STATUS_STYLES, fmt_speedup, fmt_time, fmt_us, status_label, status_mark,
 )
+from pkb_tui.app.screens.filters import FilterScreen, RunFilters
 from pkb_tui.app.widgets.nav import NavBar
 from pkb_tui.app.widgets.row_list import Column, RowList
-from pkb_tui.store.schema import RUN_STATUSES
 
 if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
 
-ANY = "any"
 SORTS = (  # (Store.runs order_by, label)
     ("id", "run"), ("created", "date"), ("task", "task"), ("model", "model"), ("status", "status"),
     ("speedup", "speedup"), ("candidate_us", "cand time"), ("baseline_us", "base time"),
@@ -37,8 +35,11 @@ RUN_COLUMNS = [
     Column("model", "model", 14), Column("speedup", "speedup", 8, "right"), Column("cand", "cand", 8, "right"),
     Column("base", "base", 8, "right"), Column("when", "when", 11), Column("host", "host", 12),
 ]
-PERIODS = ((ANY, "any time"), ("1d", "last 24 h"), ("7d", "last 7 days"), ("30d", "last 30 days"))
-PERIOD_S = {"1d": 86_400.0, "7d": 7 * 86_400.0, "30d": 30 * 86_400.0}
+BOARD_COLUMNS = [
+    Column("model", "model", 22), Column("tasks", "tasks", 5, "right"), Column("correct", "correct", 7, "right"),
+    Column("fast_1", "fast_1", 7, "right"), Column("fast_1_5", "fast_1.5", 8, "right"),
+    Column("geomean", "geomean speedup", 15, "right"), Column("rest", "", 0),
+]
 
 
 def leaderboard_rows(board: list[dict[str, Any]]) -> list[tuple[str, ...]]:
@@ -61,7 +62,7 @@ class HistoryScreen(Screen):
         Binding("s", "next_sort", "Sort"),
         Binding("r", "reverse", "Reverse order", show=False),
         Binding("b", "toggle_board", "Leaderboard"),
-        Binding("f", "focus_filters", "Filters"),
+        Binding("f", "filters", "Filters"),
         Binding("escape", "focus_table", "Table", show=False),
     ]
 
@@ -74,7 +75,8 @@ class HistoryScreen(Screen):
         self.total = 0
         self._row_ids: list[int] = []  # table row -> run id
         self._runs: dict[int, dict[str, Any]] = {}  # the loaded runs' rows, for the preview line
-        self._loaded_filters: tuple | None = None  # the select values the table was loaded for
+        self.run_filters = RunFilters()
+        self._hosts: dict[int, str] = {}
         self._data_version: int | None = None
         self._board_stale = True
 
@@ -84,28 +86,16 @@ class HistoryScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield NavBar("history")
-        with Horizontal(id="history-filters"):
-            yield Select([(ANY, ANY)], value=ANY, allow_blank=False, id="filter-task", compact=True, prompt="task")
-            yield Select([(ANY, ANY)], value=ANY, allow_blank=False, id="filter-model", compact=True)
-            yield Select([(ANY, ANY)] + [(f"{status_mark(s)} {s}", s) for s in RUN_STATUSES], value=ANY,
-                         allow_blank=False, id="filter-status", compact=True)
-            yield Select([(label, key) for key, label in PERIODS], value=ANY, allow_blank=False,
-                         id="filter-period", compact=True)
-            yield Select([(ANY, ANY)], value=ANY, allow_blank=False, id="filter-host", compact=True)
+        yield Static("", id="history-filters")
         yield Label("", id="history-title")
         with ContentSwitcher(initial="runs", id="history-switcher"):
             yield RowList(RUN_COLUMNS, id="runs")
-            yield DataTable(id="leaderboard", cursor_type="row", zebra_stripes=True)
+            yield RowList(BOARD_COLUMNS, id="leaderboard")
         yield Static("", id="history-preview")
         yield KeyBar()
 
     def on_mount(self) -> None:
-        runs = self.query_one("#runs", RowList)
-        board = self.query_one("#leaderboard", DataTable)
-        for label, key in (("model", "model"), ("tasks", "tasks"), ("correct", "correct"), ("fast_1", "fast_1"),
-                           ("fast_1.5", "fast_1_5"), ("geomean speedup", "geomean")):
-            board.add_column(label, key=key)
-        runs.focus()
+        self.query_one("#runs", RowList).focus()
 
     def on_screen_resume(self) -> None:
         # Also runs when first shown. Reload only if something was written since we last looked
@@ -113,47 +103,28 @@ class HistoryScreen(Screen):
         version = self.pkb.store.data_version()
         if version != self._data_version:
             self._data_version = version
-            self._fill_filter_choices()
+            self._hosts = {h["id"]: h["hostname"] for h in self.pkb.store.hosts()}
             self.reload()
 
     # ------------------------------------------------------------------ filters
-    def _fill_filter_choices(self) -> None:
-        store = self.pkb.store
-        for select_id, values in (("#filter-task", store.run_values("task")), ("#filter-model", store.run_values("model"))):
-            select = self.query_one(select_id, Select)
-            current = select.value
-            with self.prevent(Select.Changed):
-                select.set_options([(ANY, ANY)] + [(truncate(v, 22), v) for v in values])
-                select.value = current if current in values else ANY
-        hosts = self.query_one("#filter-host", Select)
-        current = hosts.value
-        choices = [(ANY, ANY)] + [(truncate(h["hostname"], 20), h["id"]) for h in store.hosts()]
-        with self.prevent(Select.Changed):
-            hosts.set_options(choices)
-            hosts.value = current if current in [c[1] for c in choices] else ANY
-
-    def _filter_values(self) -> tuple:
-        return tuple(select.value for select in self.query("#history-filters Select").results(Select))
-
     def filters(self) -> dict[str, Any]:
-        """The Store.runs() keyword filters the selects stand for."""
-        def value(select_id: str) -> Any:
-            v = self.query_one(select_id, Select).value
-            return None if v in (ANY, Select.BLANK) else v
+        """The Store.runs() keyword filters for what is shown."""
+        return self.run_filters.store_kwargs(self.pkb.config.clock())
 
-        out: dict[str, Any] = {
-            "task": value("#filter-task"), "model": value("#filter-model"), "status": value("#filter-status"),
-            "host_id": value("#filter-host"),
-        }
-        period = value("#filter-period")
-        out["since"] = self.pkb.config.clock() - PERIOD_S[period] if period else None
-        return out
-
-    @on(Select.Changed)
-    def _filter_changed(self, event: Select.Changed) -> None:
-        # Selects announce their first value when mounted: reload only on a real change.
-        if event.select.id and event.select.id.startswith("filter-") and self._filter_values() != self._loaded_filters:
+    def set_filters(self, run_filters: RunFilters) -> None:
+        if run_filters != self.run_filters:
+            self.run_filters = run_filters
             self.reload()
+
+    def action_filters(self) -> None:
+        store = self.pkb.store
+
+        def chosen(run_filters: RunFilters | None) -> None:
+            if run_filters is not None:
+                self.set_filters(run_filters)
+
+        self.app.push_screen(FilterScreen(self.run_filters, tasks=store.run_values("task"),
+                                          models=store.run_values("model"), hosts=self._hosts), chosen)
 
     # ------------------------------------------------------------------ loading
     def reload(self) -> None:
@@ -164,7 +135,6 @@ class HistoryScreen(Screen):
         self._runs = {}
         self.loaded = 0
         filters = self.filters()
-        self._loaded_filters = self._filter_values()
         self.total = self.pkb.store.count_runs_where(**filters)
         rows = self._fetch_page()
         table.set_rows(rows, cursor=self._row_ids.index(keep) if keep in self._row_ids else 0)
@@ -204,13 +174,14 @@ class HistoryScreen(Screen):
             return
         self._board_stale = False
         task = self.filters().get("task")
-        board = self.query_one("#leaderboard", DataTable)
-        board.clear()
         entries = self.pkb.store.leaderboard(task_ids=[task] if task else None)
-        for row in leaderboard_rows(entries):
-            board.add_row(*row, key=row[0])
+        self.query_one("#leaderboard", RowList).set_rows([list(row) for row in leaderboard_rows(entries)])
 
     def _update_title(self) -> None:
+        bar = Text(no_wrap=True, overflow="ellipsis")
+        bar.append(self.run_filters.describe(self._hosts), style="bold" if self.run_filters != RunFilters() else "dim")
+        bar.append("  f: filters", style="dim")
+        self.query_one("#history-filters", Static).update(bar)
         label = dict(SORTS)[self.order_by]
         arrow = "↓" if self.descending else "↑"
         if self.query_one("#history-switcher", ContentSwitcher).current == "leaderboard":
@@ -266,18 +237,19 @@ class HistoryScreen(Screen):
     def _selected(self) -> None:
         self.action_open()
 
-    @on(DataTable.RowSelected, "#leaderboard")
+    @on(RowList.Selected, "#leaderboard")
     def _board_selected(self) -> None:
         self._filter_to_leaderboard_model()
 
     def _filter_to_leaderboard_model(self) -> None:
-        board = self.query_one("#leaderboard", DataTable)
+        board = self.query_one("#leaderboard", RowList)
         if not board.row_count:
             return
-        model = board.coordinate_to_cell_key((board.cursor_row, 0)).row_key.value
+        model = board.rows[board.cursor][0]
         self.query_one("#history-switcher", ContentSwitcher).current = "runs"
-        self.query_one("#filter-model", Select).value = model
+        self.set_filters(self.run_filters.with_(model=model))
         self.query_one("#runs", RowList).focus()
+        self._update_title()
 
     def action_mark(self) -> None:
         run_id = self.highlighted()
@@ -334,9 +306,6 @@ class HistoryScreen(Screen):
             self._fill_leaderboard()
         self.query_one(f"#{switcher.current}").focus()
         self._update_title()
-
-    def action_focus_filters(self) -> None:
-        self.query_one("#filter-task", Select).focus()
 
     def action_focus_table(self) -> None:
         switcher = self.query_one("#history-switcher", ContentSwitcher)
