@@ -86,6 +86,36 @@ def test_a_cpu_run_goes_from_launch_to_result_and_into_history(tmp_path):
         assert len(runs) == 1 and runs[0]["status"] == "passed" and runs[0]["candidate_correct"] == 1
 
 
+def test_a_failing_solution_shows_its_error_and_the_app_stays_up(tmp_path, monkeypatch):
+    # A solution set of our own whose all_reduce raises: run next to the baseline in one batch.
+    sets = tmp_path / "solution-sets"
+    (sets / "broken-set").mkdir(parents=True)
+    (sets / "broken-set" / "all_reduce.py").write_text(
+        "def solution(x):\n    raise RuntimeError('deliberately broken all_reduce')\n"
+    )
+    monkeypatch.setenv("PKB_SOLUTIONS", str(sets))
+    app = real_app(tmp_path, models=["baseline", "broken-set"], trials=1)
+
+    async def body(pilot):
+        await pick_all_reduce(app, pilot)
+        await pilot.press("r")
+        await until(lambda: app.batch.state.runs and not app.batch.busy, pilot, what="the batch to end")
+        await pilot.pause(0.5)
+        assert isinstance(app.screen, LiveScreen)  # two runs: no result opens by itself
+        statuses = {line.model: line.status for line in app.batch.state.runs}
+        assert statuses["baseline"] == "passed" and statuses["broken-set"] in ("failed", "error"), statuses
+        text = screen_text(app)
+        assert "✓" in text and ("✗" in text or "‼" in text)
+        await pilot.press("b", "down", "enter")  # the batch list: open the broken run
+        await pilot.pause()
+        assert isinstance(app.screen, ResultScreen)
+        text = screen_text(app)
+        assert "broken-set" in text and "deliberately broken all_reduce" in text, text
+        assert app.is_running
+
+    asyncio.run(_drive(app, body))
+
+
 def test_cancel_leaves_an_interrupted_run_and_no_processes(tmp_path):
     app = real_app(tmp_path, trials=500)  # long enough to be cancelled mid-way
 

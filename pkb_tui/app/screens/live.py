@@ -31,8 +31,8 @@ class LiveScreen(Screen):
     BINDINGS = [
         Binding("x", "cancel", "Cancel run"),
         Binding("enter", "open_run", "Open result"),
-        Binding("k", "focus('live-kernels')", "Kernels"),
-        Binding("b", "focus('live-runs')", "Batch"),
+        Binding("k", "focus_table('live-kernels')", "Kernels"),
+        Binding("b", "focus_table('live-runs')", "Batch"),
     ]
 
     def __init__(self) -> None:
@@ -189,6 +189,9 @@ class LiveScreen(Screen):
         self.query_one("#live-log", LogTail).show(path)
 
     # ------------------------------------------------------------------ actions
+    def action_focus_table(self, table_id: str) -> None:
+        self.query_one(f"#{table_id}", DataTable).focus()
+
     def action_cancel(self) -> None:
         if not self.pkb.batch.busy:
             self.notify("No run in progress.", severity="warning")
