@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
 
 from textual import on
 from textual.app import App
 from textual.binding import Binding
 from textual.reactive import reactive
+from textual.screen import Screen
 
 from pkb_tui.app.batch import BatchQueue
 from pkb_tui.app.catalog import Catalog
@@ -57,9 +59,7 @@ class PkbApp(App[int]):
         super().__init__()
 
     # ------------------------------------------------------------------ screens
-    def get_default_screen(self):  # the screen under the modes: never shown
-        from textual.screen import Screen
-
+    def get_default_screen(self) -> Screen:  # the screen under the modes: never shown
         return Screen()
 
     def on_mount(self) -> None:
@@ -68,11 +68,23 @@ class PkbApp(App[int]):
         from pkb_tui.app.screens.live import LiveScreen
         from pkb_tui.app.screens.monitor import MonitorScreen
 
-        self.add_mode("launch", LaunchScreen)
-        self.add_mode("live", LiveScreen)
-        self.add_mode("history", HistoryScreen)
-        self.add_mode("monitor", MonitorScreen)
+        for mode, screen_class in (("launch", LaunchScreen), ("live", LiveScreen), ("history", HistoryScreen),
+                                   ("monitor", MonitorScreen)):
+            self.add_mode(mode, self._fresh(screen_class))
         self.switch_mode("launch")
+
+    def _fresh(self, screen_class: type[Screen]) -> Callable[[], Screen]:
+        """A factory for a mode's screen. Textual re-parses every stylesheet of the app when a new
+        screen first shows (to load the screen's own CSS); ours have none (one app stylesheet, and
+        new widgets' default CSS is parsed lazily anyway), so the screen is stamped as up to date:
+        that re-parse was ~40% of the time History took to open the first time."""
+
+        def make() -> Screen:
+            screen = screen_class()
+            screen._css_update_count = self._css_update_count
+            return screen
+
+        return make
 
     def action_show(self, mode: str) -> None:
         if self.current_mode != mode:
