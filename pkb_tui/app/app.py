@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from textual import on
 from textual.app import App
@@ -80,11 +80,17 @@ class PkbApp(App[int]):
         that re-parse was ~40% of the time History took to open the first time."""
 
         def make() -> Screen:
-            screen = screen_class()
-            screen._css_update_count = self._css_update_count
-            return screen
+            return self._up_to_date(screen_class())
 
         return make
+
+    def _up_to_date(self, screen: Screen) -> Screen:
+        screen._css_update_count = self._css_update_count
+        return screen
+
+    def show(self, screen: Screen, callback: Callable[[Any], None] | None = None) -> None:
+        """Push a screen over the current one (see _fresh for why it is stamped)."""
+        self.push_screen(self._up_to_date(screen), callback)
 
     def action_show(self, mode: str) -> None:
         if self.current_mode != mode:
@@ -98,17 +104,17 @@ class PkbApp(App[int]):
         from pkb_tui.app.screens.help import HelpScreen
 
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.show(HelpScreen())
 
     def open_result(self, run_id: int) -> None:
         from pkb_tui.app.screens.result import ResultScreen
 
-        self.push_screen(ResultScreen(run_id))
+        self.show(ResultScreen(run_id))
 
     def open_compare(self, run_a: int, run_b: int) -> None:
         from pkb_tui.app.screens.compare import CompareScreen
 
-        self.push_screen(CompareScreen(run_a, run_b))
+        self.show(CompareScreen(run_a, run_b))
 
     @on(OpenRun)
     def _open_run(self, message: OpenRun) -> None:
@@ -207,7 +213,7 @@ class PkbApp(App[int]):
                 self._update_summary()
                 self.notify("Stopping the run; the app closes when its ranks are down.", title="Quitting")
 
-        self.push_screen(
+        self.show(
             ConfirmScreen("A run is in progress. Stop it (it is recorded as interrupted) and quit?",
                           yes="Stop and quit", no="Keep running"),
             answered,

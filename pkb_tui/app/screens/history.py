@@ -123,7 +123,7 @@ class HistoryScreen(Screen):
             if run_filters is not None:
                 self.set_filters(run_filters)
 
-        self.app.push_screen(FilterScreen(self.run_filters, tasks=store.run_values("task"),
+        self.pkb.show(FilterScreen(self.run_filters, tasks=store.run_values("task"),
                                           models=store.run_values("model"), hosts=self._hosts), chosen)
 
     # ------------------------------------------------------------------ loading

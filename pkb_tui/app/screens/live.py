@@ -202,7 +202,7 @@ class LiveScreen(Screen):
             if stop and self.pkb.batch.cancel():
                 self.notify("Cancelling: the ranks are being stopped.", title="Cancel")
 
-        self.app.push_screen(ConfirmScreen("Cancel the batch? The run going now is recorded as interrupted.",
+        self.pkb.show(ConfirmScreen("Cancel the batch? The run going now is recorded as interrupted.",
                                            yes="Cancel the batch", no="Keep running"), answered)
 
     def action_open_run(self) -> None:
