@@ -211,6 +211,59 @@ def test_history_pages_in_more_runs_as_the_cursor_nears_the_end(tmp_path):
     drive(app, body)
 
 
+def test_history_shows_runs_written_while_it_was_hidden(seeded):
+    db, ids = seeded
+    app = PkbApp(config=app_config(db))
+
+    async def body(pilot):
+        await pilot.press("h")
+        await pilot.pause()
+        await pilot.press("l")
+        await pilot.pause()
+        # Another process (the launcher) writes a run meanwhile.
+        new_id = seed_runs(db, [KNOWN_RUNS[2]])[0]
+        await pilot.press("h")
+        await pilot.pause()
+        rows = table_rows(app.screen.query_one("#runs", RowList))
+        assert int(rows[0][1]) == new_id and len(rows) == len(ids) + 1
+
+    drive(app, body)
+
+
+def test_result_chart_switches_to_the_traffic_recorded_during_the_run(seeded):
+    from collectors.sample import GpuSample
+    from collectors.sink import write_samples
+    from pkb_tui.store import Store
+
+    db, ids = seeded
+    with Store(db) as store:
+        write_samples(store.conn, [
+            GpuSample(ts=1000.0 + i * 0.1, gpu=g, nvlink_tx_bytes_per_s=1e11 * (i % 5), run_id=ids[1])
+            for i in range(30) for g in range(2)
+        ])
+    app = PkbApp(config=app_config(db, chart_refresh_s=0.0))
+
+    async def body(pilot):
+        app.open_result(ids[1])
+        await pilot.pause()
+        chart = app.screen.query_one("#result-chart")
+        builds = chart.builds
+        await pilot.press("g")
+        await pilot.pause(0.2)
+        assert app.screen.chart_kind == "traffic" and chart.builds > builds
+        await pilot.press("end")
+        await pilot.pause()
+        assert "NVLink TX GB/s during the run" in screen_text(app)
+        await pilot.press("escape")
+        app.open_result(ids[2])  # nothing recorded for this one: the timing chart stays
+        await pilot.pause()
+        await pilot.press("g")
+        await pilot.pause()
+        assert app.screen.chart_kind == "timing"
+
+    drive(app, body, size=(100, 40))
+
+
 def test_compare_needs_two_runs(seeded):
     app = PkbApp(config=app_config(seeded[0]))
 

@@ -128,9 +128,10 @@ class PkbApp(App[int]):
         except PkbError as exc:
             self.notify(str(exc), title="Cannot launch", severity="error", timeout=10)
             return False
-        queued = len(self.batch.pending) - (0 if self.batch.state.running else 1)
-        where = f" (queued behind {queued} batch(es))" if queued > 0 else ""
+        ahead = len(self.batch.pending) - 1 + (1 if self.batch.state.running else 0)
+        where = f" (queued behind {ahead} batch(es))" if ahead > 0 else ""
         self.notify(f"{planned} run(s) launched{where}.", title="Launch")
+        self._update_summary()
         self.switch_mode("live")
         return True
 
@@ -187,7 +188,8 @@ class PkbApp(App[int]):
             line = state.current
             done = sum(1 for r in state.runs if r.status not in ("queued", "running"))
             what = f" {line.task}·{line.model}" if line else " starting"
-            self.batch_summary = f"▶ {done}/{len(state.runs)}{what}"
+            queued = f" +{len(self.batch.pending)} queued" if self.batch.pending else ""
+            self.batch_summary = f"▶ {done}/{len(state.runs)}{what}{queued}"
         elif self.batch.busy:
             self.batch_summary = "▶ starting"
         else:
@@ -205,6 +207,9 @@ class PkbApp(App[int]):
             self.exit(0)
             return
         from pkb_tui.app.screens.confirm import ConfirmScreen
+
+        if isinstance(self.screen, ConfirmScreen):
+            return  # already asking
 
         def answered(stop: bool | None) -> None:
             if stop:

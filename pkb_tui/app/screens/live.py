@@ -136,6 +136,8 @@ class LiveScreen(Screen):
             style="dim",
         )
         parts = [first, second]
+        if self.pkb.batch.pending:
+            parts.append(Text(f"… {len(self.pkb.batch.pending)} more batch(es) queued after this one", style="dim"))
         if not state.timings_representative:
             parts.append(Text("⚠ timings not representative in this mode", style="yellow"))
         if state.failure:
