@@ -125,11 +125,20 @@ def test_cancel_leaves_an_interrupted_run_and_no_processes(tmp_path):
         await until(lambda: app.batch.state.current is not None and app.batch.state.current.run_id is not None,
                     pilot, what="the run to start")
         run_id = app.batch.state.current.run_id
+        # A second batch launched meanwhile waits in the queue.
+        await pilot.press("l")
+        await pilot.pause()
+        await pilot.press("r")
+        await pilot.pause()
+        assert isinstance(app.screen, LiveScreen) and len(app.batch.pending) == 1
+        assert "+1 queued" in screen_text(app)
         await pilot.press("x")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
         await until(lambda: not app.batch.busy, pilot, timeout_s=60, what="the batch to stop")
+        assert not app.batch.pending  # cancelling drops the queued batch too
+        assert [r["id"] for r in app.store.runs()] == [run_id]
         assert app.is_running  # cancelling stops the run, not the app
         assert app.batch.state.runs[0].status == "interrupted"
         await pilot.pause(0.5)  # the Live screen redraws at 4 Hz
