@@ -300,7 +300,7 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         run = store.run(args.run_id)
     summary = _run_summary(run)
     if args.json:
-        json.dump({**summary, "trials": run["trials"], "kernels": run["kernels"], "host": run["host"]}, out, indent=2, default=_json_default)
+        json.dump({**summary, "trials": run["trial_results"], "kernels": run["kernels"], "host": run["host"]}, out, indent=2, default=_json_default)
         out.write("\n")
         return EXIT_OK
     out.write(f"run {run['id']}: {run['task_id']} / {run['model']}  {STATUS_MARKS.get(run['status'], '?')} {run['status']}\n")
@@ -310,7 +310,7 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     for note in summary["notes"]:
         out.write(f"  note: {note}\n")
     _print_runs_table([summary], out)
-    for trial in sorted(run["trials"], key=lambda t: (t["trial"] < 0, t["trial"])):
+    for trial in sorted(run["trial_results"], key=lambda t: (t["trial"] < 0, t["trial"])):
         label = "timed" if trial["trial"] < 0 else str(trial["trial"])
         mark = "✓" if trial["correct"] else "✗"
         err = f"max abs err {trial['max_abs_error']:.3g}" if trial["max_abs_error"] is not None else ""

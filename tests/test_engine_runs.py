@@ -38,7 +38,7 @@ def test_every_collective_baseline_against_torch_p2p_in_one_launch(cli, tmp_db: 
         assert len(launches) == 1  # ranks stayed up for the whole batch
         for run in runs:
             full = store.run(run["id"])
-            assert len([t for t in full["trials"] if t["trial"] >= 0]) == 2
+            assert len([t for t in full["trial_results"] if t["trial"] >= 0]) == 2
             assert store.source(full["candidate_source_hash"])["text"].strip()
             assert full["baseline_source_hash"] != full["candidate_source_hash"]
 
@@ -55,12 +55,12 @@ def test_wrong_caching_aliasing_and_clock_patching_candidates(cli, tmp_db: Path)
     cache = by_model["cache"]
     assert cache["status"] == "failed"
     with Store(tmp_db) as store:
-        trials = store.run(cache["id"])["trials"]
+        trials = store.run(cache["id"])["trial_results"]
     assert trials[0]["correct"] and not trials[1]["correct"]  # right once, wrong on fresh inputs
     alias = by_model["alias"]
     assert alias["status"] == "failed"
     with Store(tmp_db) as store:
-        messages = [t["message"] or "" for t in store.run(alias["id"])["trials"]]
+        messages = [t["message"] or "" for t in store.run(alias["id"])["trial_results"]]
     assert any("shares memory with an input" in m for m in messages)
     cheat = by_model["clock-cheat"]
     assert cheat["status"] == "passed"

@@ -123,6 +123,11 @@ class Rank:
         # A separate gloo group for the harness's own messages: a candidate that leaves a collective
         # unmatched on the default group cannot pair with (and corrupt) the harness's gathers.
         self.ctrl = dist.new_group(backend="gloo", timeout=pg_timeout)
+        if backend == "nccl":
+            # Bring NCCL's communicator up with every rank taking part, so a baseline whose first
+            # call is point-to-point (batch_isend_irecv) is not the first op on a fresh group.
+            dist.all_reduce(torch.zeros(1, device=self.device))
+            torch.cuda.synchronize(self.device)
         threading.Thread(target=self._watchdog, daemon=True, name="pkb-watchdog").start()
         host = self.host_facts()
         self.emit(ev.BatchStarted(

@@ -289,7 +289,7 @@ class Store:
         return int(self.conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
 
     def run(self, run_id: int) -> dict[str, Any]:
-        """One run with its results (by variant), trials, kernels, host and sources."""
+        """One run with its results (by variant), trial_results, kernels and host."""
         row = self.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         if row is None:
             raise PkbError(f"There is no run {run_id} in {self.path}; `pkb-tui runs` lists them.")
@@ -303,12 +303,12 @@ class Store:
             if result.get("traffic"):
                 result["traffic"] = json.loads(result["traffic"])
             run["results"][result["variant"]] = result
-        run["trials"] = []
+        run["trial_results"] = []  # "trials" stays the count asked for
         for trial in self.conn.execute("SELECT * FROM trials WHERE run_id=? ORDER BY trial", (run_id,)):
             trial = dict(trial)
             if trial.get("detail"):
                 trial["detail"] = json.loads(trial["detail"])
-            run["trials"].append(trial)
+            run["trial_results"].append(trial)
         run["kernels"] = [
             dict(k) for k in self.conn.execute(
                 "SELECT * FROM kernels WHERE run_id=? ORDER BY variant, total_us DESC", (run_id,)
@@ -415,11 +415,12 @@ class Store:
         return {row["task_id"]: dict(row) for row in self.conn.execute(sql)}
 
     def run_samples(self, run_id: int, *, limit: int = 20_000) -> list[dict[str, Any]]:
-        """The raw telemetry samples recorded during a run, per GPU in time order (host: gpu -1)."""
+        """The telemetry samples recorded during a run, per GPU in time order (host: gpu -1)."""
         return [dict(row) for row in self.conn.execute(
             "SELECT ts, gpu, nvlink_tx_bytes_per_s, nvlink_rx_bytes_per_s, pcie_tx_bytes_per_s, "
             "pcie_rx_bytes_per_s, sm_util_pct, power_w, cpu_pct, loopback_bytes_per_s FROM samples "
-            "WHERE run_id = ? AND resolution = 'raw' ORDER BY gpu, ts LIMIT ?", (run_id, limit),
+            # raw and per-second (retention) rows of a run never overlap in time: take both
+            "WHERE run_id = ? ORDER BY gpu, ts LIMIT ?", (run_id, limit),
         )]
 
     def data_version(self) -> int:

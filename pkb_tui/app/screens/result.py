@@ -45,8 +45,7 @@ def run_settings(run: dict[str, Any], *, utc: bool) -> str:
     where = host.get("hostname") or "unknown host"
     if host.get("gpu_model"):
         where += f" ({host['gpu_model']} ×{host.get('gpu_count') or '?'})"
-    # Store.run() puts the trial rows under "trials"; the count asked for is in the request.
-    trials = (run.get("request") or {}).get("trials") or ((run.get("results") or {}).get("candidate") or {}).get("trials_total")
+    trials = run.get("trials")
     return (f"ws {run['world_size']} · {run['mode']} · {run['dtype']} · {run['size']} · {trials or '?'} trials · "
             f"{fmt_time(run['created_at'], utc=utc)} · {where}")
 
@@ -129,7 +128,7 @@ def comparison_table(run: dict[str, Any]) -> Table:
 
 
 def trials_table(run: dict[str, Any]) -> Table | Text:
-    trials = run.get("trials") or []
+    trials = run.get("trial_results") or []
     if not trials:
         return Text("no trials recorded", style="dim")
     table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
