@@ -16,7 +16,7 @@ sections=${*:-engine tasks collectors gpu}
 run() {  # run NAME ARGS...: pkb-tui run --json into $OUT/NAME.json, log to $OUT/NAME.err
   local name=$1; shift
   local t0=$SECONDS
-  timeout 280 $PY -m pkb_tui.cli --db "$DB" run "$@" --json >"$OUT/$name.json" 2>"$OUT/$name.err"
+  timeout ${RUN_TIMEOUT:-150} $PY -m pkb_tui.cli --db "$DB" run "$@" --json >"$OUT/$name.json" 2>"$OUT/$name.err"
   echo "--- $name: exit $? in $((SECONDS - t0)) s"
   tail -3 "$OUT/$name.err" | grep -v '^finished' || true
 }
@@ -46,8 +46,8 @@ for section in $sections; do
     ;;
   collectors)
     echo "=== collectors"
-    timeout 150 $PY bench/gpu_collectors_check.py 2>&1 | tee "$OUT/collectors_check.txt" | tail -60
-    timeout 120 $PY bench/collector_overhead.py 2>&1 | tee "$OUT/collector_overhead.txt" | tail -20
+    timeout 110 $PY bench/gpu_collectors_check.py 2>&1 | tee "$OUT/collectors_check.txt" | tail -60
+    timeout 80 $PY bench/collector_overhead.py 2>&1 | tee "$OUT/collector_overhead.txt" | tail -20
     timeout 60 $PY -m pkb_tui.cli --db "$DB" monitor --duration 2 --interval 0.5 --json --no-record 2>&1 | tail -3
     ;;
   gpu)

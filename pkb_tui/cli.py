@@ -127,6 +127,7 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     )
     launcher = Launcher(db)
     Store(launcher.db_path).close()  # a bad --db fails here, before anything launches
+    _terminate_as_interrupt()
     items = launcher.plan(request)
     progress = _Progress(sys.stderr, len(items), quiet=args.json)
     outcome = launcher.run(request, on_event=progress)
@@ -144,6 +145,18 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         for note in sorted(notes):
             out.write(f"note: {note}\n")
     return EXIT_OK if outcome.all_passed else EXIT_CANDIDATE_FAILED
+
+
+def _terminate_as_interrupt() -> None:
+    """SIGTERM (a `timeout`, a scheduler) ends a run like Ctrl-C: ranks killed, run interrupted."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        def handler(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, handler)
 
 
 class _Progress:

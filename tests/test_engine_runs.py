@@ -101,7 +101,11 @@ def _worker_pids(marker: str) -> list[int]:
     return pids
 
 
-def test_a_killed_launcher_leaves_an_interrupted_run_and_no_orphan_ranks(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "detail"), [
+    (signal.SIGKILL, "the launcher stopped before the run finished"),  # found by the next Store open
+    (signal.SIGTERM, "cancelled by the user"),  # the launcher cleans up itself
+])
+def test_a_killed_launcher_leaves_an_interrupted_run_and_no_orphan_ranks(tmp_path: Path, sig, detail: str) -> None:
     db = tmp_path / "runs.db"
     runs_dir = tmp_path / "pkb-runs"
     proc = subprocess.Popen(
@@ -126,14 +130,15 @@ def test_a_killed_launcher_leaves_an_interrupted_run_and_no_orphan_ranks(tmp_pat
             time.sleep(0.2)
         assert status == "running"
         time.sleep(1.0)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     with Store(db) as store:
         (run,) = store.runs(limit=None)
         assert run["status"] == "interrupted"
+        assert run["status_detail"] == detail
     # The ranks notice their launcher is gone (heartbeat watchdog) and exit.
     deadline = time.monotonic() + 30
     while _worker_pids(str(runs_dir)) and time.monotonic() < deadline:
