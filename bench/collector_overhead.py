@@ -27,28 +27,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import _parts  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 from collectors.sample import GpuSample, LinkSample  # noqa: E402
 from collectors.sink import SampleSink  # noqa: E402
 from collectors.telemetry import Telemetry  # noqa: E402
 
 results: dict[str, object] = {}
+_failures = results  # a failed part is reported in the summary too
 
 
 def part(name: str):
-    def wrap(fn):
-        def run(*args, **kwargs):
-            print(f"--- {name}", flush=True)
-            started = time.perf_counter()
-            try:
-                fn(*args, **kwargs)
-            except Exception as exc:
-                where = traceback.extract_tb(exc.__traceback__)[-1]
-                print(f"FAILED {name}: {type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})")
-                results[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
-            print(f"    ({time.perf_counter() - started:.1f} s)", flush=True)
-        return run
-    return wrap
+    return _parts.part(name, _failures, "--- {name}", key="{name}_error")
 
 
 @part("sample cost")

@@ -37,27 +37,17 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import _parts  # noqa: E402  (bench/, on sys.path as the script's folder)
 
 from collectors import nvml as N  # noqa: E402
 
 summary: dict[str, object] = {}
+_failures = summary  # a failed part is reported in the summary too
 GiB = 2**30
 
 
 def part(name: str):
-    def wrap(fn):
-        def run(*args, **kwargs):
-            print(f"\n=== {name}", flush=True)
-            started = time.perf_counter()
-            try:
-                fn(*args, **kwargs)
-            except Exception as exc:
-                where = traceback.extract_tb(exc.__traceback__)[-1]
-                print(f"FAILED {name}: {type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})")
-                summary[f"FAILED {name}"] = f"{type(exc).__name__}: {exc}"
-            print(f"    ({time.perf_counter() - started:.1f} s)", flush=True)
-        return run
-    return wrap
+    return _parts.part(name, _failures, "\n=== {name}", key="FAILED {name}")
 
 
 def gbps(value: float | None) -> str:
