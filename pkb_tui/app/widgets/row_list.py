@@ -103,10 +103,10 @@ class RowList(ScrollView, can_focus=True):
         self.refresh()
 
     def _resize(self) -> None:
-        self.virtual_size = Size(self.size.width, len(self.rows) + 1)
-
-    def on_resize(self) -> None:
-        self._resize()
+        # Width 0: rows are cut to the width on screen, never scrolled sideways. Tracking the
+        # widget's width here made every resize (and the first layout, and the vertical scrollbar
+        # appearing) change the virtual size, which asks for another layout and a full redraw.
+        self.virtual_size = Size(0, len(self.rows) + 1)
 
     # ------------------------------------------------------------------ cursor
     def validate_cursor(self, cursor: int) -> int:
