@@ -92,6 +92,33 @@ class PkbApp(App[int]):
         """Push a screen over the current one (see _fresh for why it is stamped)."""
         self.push_screen(self._up_to_date(screen), callback)
 
+    def delay_update(self, delay: float = 0.05) -> None:
+        """Textual's switch_mode holds every paint for a fixed `delay` (50 ms) so that a screen
+        half built is never shown, then repaints the whole screen. Our screens are whole once they
+        have handled ScreenResume (compose, mount and the data read come before it in their queue),
+        so the hold ends then: a mode shows as soon as it is ready instead of 50 ms later, and a
+        screen that took longer than 50 ms to build is not drawn a second time. The timer stays as
+        a backstop, so the hold never outlives Textual's own."""
+        self._begin_batch()
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            self._end_batch()
+            if not self._batch_count:
+                self.screen.refresh()
+
+        def after_switch() -> None:  # runs once switch_mode has returned: self.screen is the new one
+            if not self.screen.call_later(end):
+                end()
+
+        if not self.call_later(after_switch):
+            end()
+        self.set_timer(delay, end, name="delay_update")
+
     def action_show(self, mode: str) -> None:
         if self.current_mode != mode:
             self.switch_mode(mode)

@@ -23,6 +23,14 @@ from pkb_tui.app.widgets.row_list import Column, RowList
 if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
 
+
+def _show(widget: Static, content: Text | str) -> None:
+    """Update a line only when what it says changed: Static.update always asks for a new layout
+    and a redraw, and the preview is set twice on open (by reload, then by the cursor's message)."""
+    if getattr(widget, "_pkb_shown", None) != content:
+        widget._pkb_shown = content  # type: ignore[attr-defined]
+        widget.update(content)
+
 SORTS = (  # (Store.runs order_by, label)
     ("id", "run"), ("created", "date"), ("task", "task"), ("model", "model"), ("status", "status"),
     ("speedup", "speedup"), ("candidate_us", "cand time"), ("baseline_us", "base time"),
@@ -181,7 +189,7 @@ class HistoryScreen(Screen):
         bar = Text(no_wrap=True, overflow="ellipsis")
         bar.append(self.run_filters.describe(self._hosts), style="bold" if self.run_filters != RunFilters() else "dim")
         bar.append("  f: filters", style="dim")
-        self.query_one("#history-filters", Static).update(bar)
+        _show(self.query_one("#history-filters", Static), bar)
         label = dict(SORTS)[self.order_by]
         arrow = "↓" if self.descending else "↑"
         if self.query_one("#history-switcher", ContentSwitcher).current == "leaderboard":
@@ -190,7 +198,7 @@ class HistoryScreen(Screen):
             title = f"Runs: {self.loaded:,} of {self.total:,} · sorted by {label} {arrow}"
             if self.marked:
                 title += " · marked " + ", ".join(f"#{r}" for r in self.marked)
-        self.query_one("#history-title", Label).update(title)
+        _show(self.query_one("#history-title", Label), title)
 
     @on(RowList.Highlighted, "#runs")
     def _highlighted(self, event: RowList.Highlighted) -> None:
@@ -204,19 +212,19 @@ class HistoryScreen(Screen):
         preview = self.query_one("#history-preview", Static)
         run_id = self.highlighted()
         if run_id is None:
-            preview.update(Text("No runs match. Launch one with l, or widen the filters.", style="dim")
-                           if not self.total else "")
+            _show(preview, Text("No runs match. Launch one with l, or widen the filters.", style="dim")
+                  if not self.total else "")
             return
         run = self._runs.get(run_id)
         if run is None:
-            preview.update("")
+            _show(preview, "")
             return
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(f"#{run_id} {status_label(run['status'])}", style=STATUS_STYLES.get(run["status"], ""))
         text.append(f"  ws {run['world_size']} · {run['mode']} · {run['dtype']} · {run['size']}", style="dim")
         if run["status_detail"]:
             text.append(f"  {run['status_detail'].splitlines()[0]}", style="red")
-        preview.update(text)
+        _show(preview, text)
 
     # ------------------------------------------------------------------ actions
     def highlighted(self) -> int | None:
