@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.cells import cell_len, set_cell_size
+from rich.control import strip_control_codes
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -173,19 +175,42 @@ class RowList(ScrollView, can_focus=True):
         return widths
 
     def _strip(self, cells: list[Cell], style: Style, width: int) -> Strip:
+        # Plain cells (most of them) and the padding between cells are joined into one segment in
+        # the row's style: building a rich Text per cell and a segment per pad made this the most
+        # expensive part of drawing History, and Textual's per-line work grows with the segments.
+        console = self.app.console
         segments: list[Segment] = []
+        plain: list[str] = []
+
+        def flush() -> None:
+            if plain:
+                segments.append(Segment("".join(plain), style))
+                plain.clear()
+
         for column, cell_width, cell in zip(self.columns, self._widths(width), cells):
-            text = cell if isinstance(cell, Text) else Text(str(cell))
-            if text.cell_len > cell_width:
-                text = text.copy()
-                text.truncate(cell_width, overflow="ellipsis")
-            pad = cell_width - text.cell_len
-            if column.justify == "right":
-                segments.append(Segment(" " * pad, style))
-            segments.extend(text_segments(text, self.app.console, style))
-            if column.justify != "right":
-                segments.append(Segment(" " * pad, style))
-            segments.append(Segment(" ", style))
+            right = column.justify == "right"
+            if isinstance(cell, Text):
+                text = cell
+                if text.cell_len > cell_width:
+                    text = text.copy()
+                    text.truncate(cell_width, overflow="ellipsis")
+                pad = " " * (cell_width - text.cell_len)
+                if right:
+                    plain.append(pad)
+                flush()
+                segments.extend(text_segments(text, console, style))
+                if not right:
+                    plain.append(pad)
+            else:
+                value = strip_control_codes(str(cell))  # as Text(value) would
+                length = cell_len(value)
+                if length > cell_width:  # as Text.truncate(cell_width, overflow="ellipsis")
+                    value = set_cell_size(value, cell_width - 1) + "…"
+                    length = cell_len(value)
+                pad = " " * (cell_width - length)
+                plain.append(pad + value if right else value + pad)
+            plain.append(" ")
+        flush()
         return Strip(segments).adjust_cell_length(width, style)
 
     def render_line(self, y: int) -> Strip:
