@@ -124,15 +124,17 @@ class Frames:
     60 ms or more of the driver's own sleeping that no user waits for. The user sees the screen
     complete at the last frame drawn before the app went idle: that is what "drawn" times. The
     compositor renders a frame before handing it to App._display, so the frame's stamp includes
-    the rendering. Frames Textual holds back (its 60 fps pacing, a hold while a mode switches)
-    count, since the user waits for those too."""
+    the rendering. Waits Textual puts before a frame (its 60 fps pacing, a hold while a mode
+    switches) count, since the user waits for those too."""
 
     def __init__(self, app) -> None:
         self.last_wall = self.last_cpu = 0.0
         display = app._display
 
         def stamped(screen, renderable) -> None:
-            if renderable is not None:
+            # A frame rendered while the app holds updates (a batch) is thrown away by _display:
+            # the user never sees it, so it does not count as drawn.
+            if renderable is not None and not app._batch_count:
                 self.last_wall, self.last_cpu = time.perf_counter(), time.process_time()
             display(screen, renderable)
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from textual import on
 from textual.app import App
+from textual.widget import AwaitMount
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -56,6 +57,7 @@ class PkbApp(App[int]):
         self.batch = BatchQueue(self)
         self.catalog: Catalog | None = None
         self._quit_when_idle = False
+        self._end_mode_hold: Callable[[bool], None] | None = None  # see delay_update
         super().__init__()
 
     # ------------------------------------------------------------------ screens
@@ -93,31 +95,43 @@ class PkbApp(App[int]):
         self.push_screen(self._up_to_date(screen), callback)
 
     def delay_update(self, delay: float = 0.05) -> None:
-        """Textual's switch_mode holds every paint for a fixed `delay` (50 ms) so that a screen
-        half built is never shown, then repaints the whole screen. Our screens are whole once they
-        have handled ScreenResume (compose, mount and the data read come before it in their queue),
-        so the hold ends then: a mode shows as soon as it is ready instead of 50 ms later, and a
-        screen that took longer than 50 ms to build is not drawn a second time. The timer stays as
-        a backstop, so the hold never outlives Textual's own."""
+        """Textual's switch_mode calls this first: it holds every paint for a fixed 50 ms, so that
+        a screen half built never shows, then repaints the whole screen. switch_mode (below) ends
+        the hold instead once the new screen has handled its ScreenResume, i.e. when it is whole
+        (compose, mount and the data read come before that in its queue). Ending it there, ahead
+        of the draw that the screen queues while resuming, means that draw is shown rather than
+        thrown away and redone: History's first open drew its whole screen twice, and any mode
+        showed 50 ms late. The timer stays as a backstop, longer than Textual's so a slow first
+        build is not drawn half done; it repaints everything as Textual's does."""
         self._begin_batch()
         ended = False
 
-        def end() -> None:
+        def end(refresh: bool) -> None:
             nonlocal ended
             if ended:
                 return
             ended = True
             self._end_batch()
-            if not self._batch_count:
+            if refresh and not self._batch_count:
                 self.screen.refresh()
 
-        def after_switch() -> None:  # runs once switch_mode has returned: self.screen is the new one
-            if not self.screen.call_later(end):
-                end()
+        self._end_mode_hold = end
+        self.set_timer(max(delay, 0.5), lambda: end(True), name="delay_update")
 
-        if not self.call_later(after_switch):
-            end()
-        self.set_timer(delay, end, name="delay_update")
+    def switch_mode(self, mode: str) -> AwaitMount:
+        end = None
+        if mode != self.current_mode:
+            self._end_mode_hold = None
+            await_mount = super().switch_mode(mode)
+            end, self._end_mode_hold = self._end_mode_hold, None
+        else:
+            await_mount = super().switch_mode(mode)
+        if end is not None:
+            # Queued behind the ScreenResume switch_mode just posted. No repaint needed: the
+            # screen's own resume asked for one, and nothing was drawn (and lost) before this.
+            if not self.screen.call_later(end, False):
+                end(True)
+        return await_mount
 
     def action_show(self, mode: str) -> None:
         if self.current_mode != mode:
