@@ -97,8 +97,7 @@ class HistoryScreen(Screen):
         yield Static("", id="history-filters")
         yield Label("", id="history-title")
         with ContentSwitcher(initial="runs", id="history-switcher"):
-            yield RowList(RUN_COLUMNS, id="runs")
-            yield RowList(BOARD_COLUMNS, id="leaderboard")
+            yield RowList(RUN_COLUMNS, id="runs")  # the leaderboard is mounted when first shown
         yield Static("", id="history-preview")
         yield KeyBar()
 
@@ -307,8 +306,12 @@ class HistoryScreen(Screen):
             self.order_by = order
         self.reload()
 
-    def action_toggle_board(self) -> None:
+    async def action_toggle_board(self) -> None:
         switcher = self.query_one("#history-switcher", ContentSwitcher)
+        if switcher.current == "runs" and not self.query("#leaderboard"):
+            # Mounted on first use: a hidden table still costs its mount and styling on every
+            # first open of History, and most visits never show it.
+            await switcher.add_content(RowList(BOARD_COLUMNS, id="leaderboard"))
         switcher.current = "leaderboard" if switcher.current == "runs" else "runs"
         if switcher.current == "leaderboard":
             self._fill_leaderboard()
