@@ -9,10 +9,10 @@ from typing import Any, Callable
 
 from textual import on
 from textual.app import App
-from textual.widget import AwaitMount
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.widget import AwaitMount
 
 from pkb_tui.app.batch import BatchQueue
 from pkb_tui.app.catalog import Catalog
@@ -58,6 +58,7 @@ class PkbApp(App[int]):
         self.catalog: Catalog | None = None
         self._quit_when_idle = False
         self._end_mode_hold: Callable[[bool], None] | None = None  # see delay_update
+        self._switching_mode = False
         super().__init__()
 
     # ------------------------------------------------------------------ screens
@@ -102,7 +103,11 @@ class PkbApp(App[int]):
         of the draw that the screen queues while resuming, means that draw is shown rather than
         thrown away and redone: History's first open drew its whole screen twice, and any mode
         showed 50 ms late. The timer stays as a backstop, longer than Textual's so a slow first
-        build is not drawn half done; it repaints everything as Textual's does."""
+        build is not drawn half done; it repaints everything as Textual's does. Called from
+        anywhere else (the command palette, which we switch off), Textual's own is kept."""
+        if not self._switching_mode:
+            super().delay_update(delay)
+            return
         self._begin_batch()
         ended = False
 
@@ -119,16 +124,16 @@ class PkbApp(App[int]):
         self.set_timer(max(delay, 0.5), lambda: end(True), name="delay_update")
 
     def switch_mode(self, mode: str) -> AwaitMount:
-        end = None
-        if mode != self.current_mode:
-            self._end_mode_hold = None
+        self._end_mode_hold = None
+        self._switching_mode = True
+        try:
             await_mount = super().switch_mode(mode)
-            end, self._end_mode_hold = self._end_mode_hold, None
-        else:
-            await_mount = super().switch_mode(mode)
+        finally:
+            self._switching_mode = False
+        end, self._end_mode_hold = self._end_mode_hold, None
         if end is not None:
-            # Queued behind the ScreenResume switch_mode just posted. No repaint needed: the
-            # screen's own resume asked for one, and nothing was drawn (and lost) before this.
+            # Queued behind the ScreenResume switch_mode just posted. No repaint of our own: the
+            # resume asks for a full one, after any draw thrown away during the hold.
             if not self.screen.call_later(end, False):
                 end(True)
         return await_mount
