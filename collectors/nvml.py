@@ -548,7 +548,9 @@ class NvmlSampler:
         gpm = self.gpm.get(gpu.index)
         if gpm is not None:
             values = gpm.sample()
-            if not gpu.nvlink_counters:
+            # GPM answers 0 B/s for NVLink on a GPU with no active link (seen on a one-GPU H200):
+            # that is "not available", not "idle", so only GPUs with links take its NVLink figures.
+            if not gpu.nvlink_counters and gpm.links:
                 out.nvlink_tx_bytes_per_s = values.nvlink_tx_bytes_per_s
                 out.nvlink_rx_bytes_per_s = values.nvlink_rx_bytes_per_s
                 out.links = [LinkSample(link, tx, rx) for link, (tx, rx) in sorted(values.links.items())]

@@ -279,3 +279,14 @@ def test_a_recording_replays_to_the_same_rates(trace):
     for k in range(1, 4):
         assert replayed[k][0].nvlink_tx_bytes_per_s == pytest.approx(original[k][0].nvlink_tx_bytes_per_s)
         assert [l.rx_bytes_per_s for l in replayed[k][1].links] == pytest.approx([l.rx_bytes_per_s for l in original[k][1].links])
+
+
+def test_gpm_zero_nvlink_on_a_gpu_without_links_is_unavailable_not_idle(trace):
+    # Seen on a one-GPU H200: NVLink fields answer NOT_SUPPORTED while GPM's NVLink totals read 0.
+    for tick in trace["devices"][2]["ticks"]:
+        if tick.get("gpm"):
+            tick["gpm"]["60"] = tick["gpm"]["61"] = 0.0
+    per_tick, _, _ = run(trace, 4)
+    h200 = per_tick[3][2]
+    assert h200.pcie_rx_bytes_per_s == pytest.approx(57_344.0 * 2**20)  # GPM still used for PCIe
+    assert h200.nvlink_tx_bytes_per_s is None and h200.nvlink_rx_bytes_per_s is None
