@@ -18,13 +18,7 @@ class Event:
     name: ClassVar[str] = ""
 
     def to_json(self) -> str:
-        return json.dumps({"event": self.name, **dataclasses.asdict(self)}, default=_json_default)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and value != value:
-        return None
-    return str(value)
+        return json.dumps({"event": self.name, **dataclasses.asdict(self)}, default=str)
 
 
 @dataclass

@@ -125,7 +125,7 @@ class Launcher:
         cancel: threading.Event | None = None,
     ) -> BatchOutcome:
         items = self.plan(request)
-        mode = choose_mode(request.world_size, request.mode)
+        mode = self._mode = choose_mode(request.world_size, request.mode)
         cancel = cancel or threading.Event()
         store = Store(self.db_path)
         batch_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -390,7 +390,7 @@ class Launcher:
             if link is not None:
                 fields["link_bytes_per_iter"] = link.nvlink_bytes_per_iter
                 fields["pcie_bytes_per_iter"] = link.pcie_bytes_per_iter
-                fields["traffic_flag"] = _traffic_flag(link, traffic, request)
+                fields["traffic_flag"] = _traffic_flag(link, traffic, self._mode)
             store.add_result(state.run_id, variant, fields)
 
     def _traffic(self, task_id: str, request: RunRequest) -> Traffic | None:
@@ -417,8 +417,7 @@ class Launcher:
         except ImportError:
             return {}
         try:
-            mode = choose_mode(request.world_size, request.mode)
-            bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), mode, request.world_size)
+            bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), self._mode, request.world_size)
             result = roofline.evaluate(traffic, median_us, bandwidths, request.dtype)
         except Exception:
             return {}
@@ -545,14 +544,13 @@ def _tail_text(path: Path, limit: int) -> str:
     return data.decode(errors="replace").strip()
 
 
-def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, request: RunRequest) -> str | None:
+def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, mode: str) -> str | None:
     if traffic is None:
         return None
     try:
         from collectors.counters import traffic_flag
     except ImportError:
         return None
-    mode = choose_mode(request.world_size, request.mode)
     try:
         return traffic_flag(link.nvlink_bytes_per_iter, traffic.wire_bytes, mode=mode)
     except Exception:

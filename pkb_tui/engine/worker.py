@@ -317,7 +317,7 @@ class Rank:
         copies = self._input_copies(inputs)
         input_sets = [_clone(inputs) for _ in range(copies)]
         expected = task.baseline(*_clone(inputs)) if variant == "candidate" else None
-        counters = _phase_counters(self.device, self.mode)
+        counters = _phase_counters(self.device)
         failure = None
         try:
             if counters is not None:
@@ -392,7 +392,7 @@ class Rank:
             torch.cuda.synchronize(self.device)
 
 
-def _phase_counters(device: torch.device, mode: str):
+def _phase_counters(device: torch.device):
     if device.type != "cuda":
         return None
     try:

@@ -51,6 +51,23 @@ def connect(path: Path | str, *, readonly: bool = False, timeout_s: float = 30.0
     return conn
 
 
+def _run_filters(prefix: str, **filters: Any) -> tuple[list[str], list[Any]]:
+    """WHERE clauses and arguments for the history filters (columns of runs, given a table prefix)."""
+    where: list[str] = []
+    args: list[Any] = []
+    for column, name in (("task_id", "task"), ("model", "model"), ("status", "status"), ("host_id", "host_id")):
+        if filters.get(name) is not None:
+            where.append(f"{prefix}{column} = ?")
+            args.append(filters[name])
+    if filters.get("since") is not None:
+        where.append(f"{prefix}created_at >= ?")
+        args.append(filters["since"])
+    if filters.get("until") is not None:
+        where.append(f"{prefix}created_at < ?")
+        args.append(filters["until"])
+    return where, args
+
+
 class Store:
     """Everything the project reads from and writes to runs.db."""
 
@@ -256,17 +273,7 @@ class Store:
         }
         if order_by not in sortable:
             raise PkbError(f"Cannot sort runs by {order_by!r}; choose one of {', '.join(sortable)}.")
-        where, args = [], []
-        for column, value in (("r.task_id", task), ("r.model", model), ("r.status", status), ("r.host_id", host_id)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if since is not None:
-            where.append("r.created_at >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("r.created_at < ?")
-            args.append(until)
+        where, args = _run_filters("r.", task=task, model=model, status=status, host_id=host_id, since=since, until=until)
         sql = (
             "SELECT r.*, h.hostname AS hostname, h.gpu_model AS gpu_model, "
             "b.median_us AS baseline_median_us, b.correct AS baseline_correct, "
@@ -377,17 +384,7 @@ class Store:
         host_id: int | None = None, since: float | None = None, until: float | None = None,
     ) -> int:
         """How many runs the same filters as runs() match (for "showing 500 of 10,000")."""
-        where, args = [], []
-        for column, value in (("task_id", task), ("model", model), ("status", status), ("host_id", host_id)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if since is not None:
-            where.append("created_at >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("created_at < ?")
-            args.append(until)
+        where, args = _run_filters("", task=task, model=model, status=status, host_id=host_id, since=since, until=until)
         sql = "SELECT COUNT(*) FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
         return int(self.conn.execute(sql, args).fetchone()[0])
 
