@@ -26,8 +26,8 @@ from typing import Any, Callable
 from pkb_tui.engine import events as ev
 from pkb_tui.engine.modes import choose_mode
 from pkb_tui.engine.request import RunItem, RunRequest
-from pkb_tui.engine.solutions import BASELINE_MODEL, PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
-from pkb_tui.errors import HarnessError, PkbError
+from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
+from pkb_tui.errors import PkbError
 from pkb_tui.store import Store, default_db_path
 from tasks.base import SIZE_NAMES, Traffic, all_tasks, load_task
 
