@@ -63,6 +63,23 @@ class c_nvmlGpmMetricsGet_t:  # noqa: N801 - mirrors pynvml's name
         self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(_GPM_SLOTS)]
 
 
+class ReplayHandle:
+    """A device handle. Like the real library's (a ctypes pointer), it cannot be a dict key or a set
+    member, so code that keys anything by handle fails here as it would on a GPU box."""
+
+    __slots__ = ("index",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReplayHandle) and other.index == self.index
+
+    def __repr__(self) -> str:
+        return f"ReplayHandle({self.index})"
+
+
 class ReplayNvml:
     """Module-like NVML replaying ``trace`` (a dict in the format above)."""
 
@@ -96,17 +113,17 @@ class ReplayNvml:
         ticks = self.devices[0]["ticks"]
         return (ticks[self.cursor]["t_us"] - ticks[0]["t_us"]) / 1e6
 
-    def _tick(self, device: int) -> dict[str, Any]:
-        return self.devices[device]["ticks"][self.cursor]
+    def _tick(self, handle: ReplayHandle) -> dict[str, Any]:
+        return self.devices[handle.index]["ticks"][self.cursor]
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
 
-    def _check(self, handle: int, name: str) -> dict[str, Any]:
+    def _check(self, handle: ReplayHandle, name: str) -> dict[str, Any]:
         self._count(name)
         if not self.initialized:
             raise NVMLError(1)  # UNINITIALIZED
-        device = self.devices[handle]
+        device = self.devices[handle.index]
         if name in device.get("unsupported_calls", ()):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return device
@@ -124,26 +141,26 @@ class ReplayNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         if not 0 <= index < len(self.devices):
             raise NVMLError(2)
-        return index
+        return ReplayHandle(index)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> int:
         uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
         for index, device in enumerate(self.devices):
             if device.get("uuid") == uuid:
-                return index
+                return ReplayHandle(index)
         raise NVMLError(6)  # NOT_FOUND
 
-    def nvmlDeviceGetIndex(self, handle: int) -> int:
-        return handle
+    def nvmlDeviceGetIndex(self, handle: ReplayHandle) -> int:
+        return handle.index
 
-    def nvmlDeviceGetName(self, handle: int) -> str:
+    def nvmlDeviceGetName(self, handle: ReplayHandle) -> str:
         return self._check(handle, "nvmlDeviceGetName")["name"]
 
-    def nvmlDeviceGetUUID(self, handle: int) -> str:
-        return self._check(handle, "nvmlDeviceGetUUID").get("uuid", f"GPU-replay-{handle}")
+    def nvmlDeviceGetUUID(self, handle: ReplayHandle) -> str:
+        return self._check(handle, "nvmlDeviceGetUUID").get("uuid", f"GPU-replay-{handle.index}")
 
     # -- fields
-    def nvmlDeviceGetFieldValues(self, handle: int, requests: list[Any]) -> list[SimpleNamespace]:
+    def nvmlDeviceGetFieldValues(self, handle: ReplayHandle, requests: list[Any]) -> list[SimpleNamespace]:
         device = self._check(handle, "nvmlDeviceGetFieldValues")
         tick = self._tick(handle)
         parsed = [(r[0], r[1]) if isinstance(r, (tuple, list)) else (r, 0) for r in requests]
@@ -184,7 +201,7 @@ class ReplayNvml:
         return fields.get(key)
 
     # -- NVLink state, PCIe link
-    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+    def nvmlDeviceGetNvLinkState(self, handle: ReplayHandle, link: int) -> int:
         device = self._check(handle, "nvmlDeviceGetNvLinkState")
         active = device.get("nvlink_active")
         if active is None:
@@ -194,54 +211,54 @@ class ReplayNvml:
             raise NVMLError(2)  # INVALID_ARGUMENT, as NVML answers for a link the GPU lacks
         return 1 if link in active else 0
 
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: ReplayHandle) -> int:
         value = self._check(handle, "nvmlDeviceGetMaxPcieLinkGeneration").get("pcie_max_generation")
         if value is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return value
 
-    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: ReplayHandle) -> int:
         value = self._check(handle, "nvmlDeviceGetMaxPcieLinkWidth").get("pcie_max_width")
         if value is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return value
 
     # -- gauges
-    def _gauge(self, handle: int, name: str, key: str) -> Any:
+    def _gauge(self, handle: ReplayHandle, name: str, key: str) -> Any:
         self._check(handle, name)
         value = self._tick(handle).get(key)
         if value is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return value
 
-    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+    def nvmlDeviceGetUtilizationRates(self, handle: ReplayHandle) -> SimpleNamespace:
         gpu, memory = self._gauge(handle, "nvmlDeviceGetUtilizationRates", "util")
         return SimpleNamespace(gpu=gpu, memory=memory)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: ReplayHandle) -> SimpleNamespace:
         used = self._gauge(handle, "nvmlDeviceGetMemoryInfo", "memory_used_bytes")
-        total = self.devices[handle].get("memory_total_bytes", 80 * 2**30)
+        total = self.devices[handle.index].get("memory_total_bytes", 80 * 2**30)
         return SimpleNamespace(used=used, total=total, free=total - used)
 
-    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+    def nvmlDeviceGetPowerUsage(self, handle: ReplayHandle) -> int:
         return self._gauge(handle, "nvmlDeviceGetPowerUsage", "power_mw")
 
-    def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:
+    def nvmlDeviceGetClockInfo(self, handle: ReplayHandle, clock: int) -> int:
         key = {N.CLOCK_SM: "sm_clock_mhz", N.CLOCK_MEM: "mem_clock_mhz"}.get(clock)
         if key is None:
             raise NVMLError(2)
         return self._gauge(handle, "nvmlDeviceGetClockInfo", key)
 
-    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+    def nvmlDeviceGetTemperature(self, handle: ReplayHandle, sensor: int) -> int:
         return self._gauge(handle, "nvmlDeviceGetTemperature", "temperature_c")
 
-    def nvmlDeviceGetPcieThroughput(self, handle: int, counter: int) -> int:
+    def nvmlDeviceGetPcieThroughput(self, handle: ReplayHandle, counter: int) -> int:
         self._count("nvmlDeviceGetPcieThroughput")
         time.sleep(0.02)  # the real one samples for ~20 ms: a sampler calling it is a bug
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
 
     # -- GPM
-    def nvmlGpmQueryDeviceSupport(self, handle: int) -> SimpleNamespace:
+    def nvmlGpmQueryDeviceSupport(self, handle: ReplayHandle) -> SimpleNamespace:
         device = self._check(handle, "nvmlGpmQueryDeviceSupport")
         return SimpleNamespace(version=1, isSupportedDevice=int(bool(device.get("gpm_supported"))))
 
@@ -253,11 +270,11 @@ class ReplayNvml:
         self._count("nvmlGpmSampleFree")
         sample.freed = True
 
-    def nvmlGpmSampleGet(self, handle: int, sample: SimpleNamespace) -> SimpleNamespace:
+    def nvmlGpmSampleGet(self, handle: ReplayHandle, sample: SimpleNamespace) -> SimpleNamespace:
         device = self._check(handle, "nvmlGpmSampleGet")
         if not device.get("gpm_supported"):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        sample.device, sample.tick = handle, self.cursor
+        sample.device, sample.tick = handle.index, self.cursor
         return sample
 
     def nvmlGpmMetricsGet(self, request: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
@@ -307,15 +324,16 @@ def record_trace(nvml: Any = None, *, ticks: int = 20, interval_s: float = 0.1, 
             device["nvlink_active"] = active if answered else None
             device["gpm_supported"] = N.Gpm.supported(nvml, handle)
             devices.append((handle, device))
-        gpms = {}
-        for handle, device in devices:
+        # Keyed by position: real NVML handles (ctypes pointers) cannot be dict keys.
+        gpms: dict[int, N.Gpm] = {}
+        for position, (handle, device) in enumerate(devices):
             if device["gpm_supported"]:
-                gpms[handle] = N.Gpm(nvml, handle, links=device["nvlink_active"] or [], clock=time.monotonic)
-        links_of = {h: d["nvlink_active"] or list(range(d["nvlink_link_count"] or 0)) for h, d in devices}
+                gpms[position] = N.Gpm(nvml, handle, links=device["nvlink_active"] or [], clock=time.monotonic)
+        links_of = [d["nvlink_active"] or list(range(d["nvlink_link_count"] or 0)) for _, d in devices]
         for _ in range(ticks):
             time.sleep(interval_s)
-            for handle, device in devices:
-                requests = [(f, link) for link in links_of[handle] for f in (N.FI_NVLINK_DATA_TX_KIB, N.FI_NVLINK_DATA_RX_KIB)]
+            for position, (handle, device) in enumerate(devices):
+                requests = [(f, link) for link in links_of[position] for f in (N.FI_NVLINK_DATA_TX_KIB, N.FI_NVLINK_DATA_RX_KIB)]
                 requests += [(N.FI_PCIE_TX_BYTES, 0), (N.FI_PCIE_RX_BYTES, 0)]
                 tick: dict[str, Any] = {"t_us": None, "fields": {}}
                 for (field_id, scope), entry in zip(requests, nvml.nvmlDeviceGetFieldValues(handle, requests)):
@@ -334,8 +352,8 @@ def record_trace(nvml: Any = None, *, ticks: int = 20, interval_s: float = 0.1, 
                 tick["sm_clock_mhz"] = _try(lambda: nvml.nvmlDeviceGetClockInfo(handle, N.CLOCK_SM))
                 tick["mem_clock_mhz"] = _try(lambda: nvml.nvmlDeviceGetClockInfo(handle, N.CLOCK_MEM))
                 tick["temperature_c"] = _try(lambda: nvml.nvmlDeviceGetTemperature(handle, N.TEMPERATURE_GPU))
-                if handle in gpms:
-                    values = gpms[handle].sample(force=True)
+                if position in gpms:
+                    values = gpms[position].sample(force=True)
                     tick["gpm"] = _gpm_as_recorded(values)
                 device["ticks"].append(tick)
         for gpm in gpms.values():

@@ -69,7 +69,7 @@ def test_a_bare_field_id_would_read_link_0_only(trace):
     """The trap the sampler avoids, shown on the replay: scope 0 is link 0, 0xFFFFFFFF is all links."""
     replay = ReplayNvml(trace)
     replay.nvmlInit()
-    bare, all_links = replay.nvmlDeviceGetFieldValues(0, [138, (138, N.SCOPE_ALL_LINKS)])
+    bare, all_links = replay.nvmlDeviceGetFieldValues(replay.nvmlDeviceGetHandleByIndex(0), [138, (138, N.SCOPE_ALL_LINKS)])
     assert bare.value.ullVal == field(trace, 0, 0, "138:0")
     assert all_links.value.ullVal == sum(field(trace, 0, 0, f"138:{l}") for l in range(4))
 
@@ -266,7 +266,7 @@ def test_a_recording_replays_to_the_same_rates(trace):
     class Stepping(ReplayNvml):
         def nvmlDeviceGetFieldValues(self, handle, requests):
             out = super().nvmlDeviceGetFieldValues(handle, requests)
-            if handle == len(self.devices) - 1 and any(r[0] == 197 for r in requests):
+            if handle.index == len(self.devices) - 1 and any(r[0] == 197 for r in requests):
                 self.step()  # the recorder read every GPU: time moves on
             return out
 
