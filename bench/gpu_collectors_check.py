@@ -11,7 +11,10 @@ Parts (each on its own: a failing part prints one FAILED line and the rest go on
  3. a device-to-device copy of known size: the sampler's figures meanwhile (PCIe, GPM DRAM/SM) and
     PhaseCounters' bytes over the phase;
  4. host-to-device copies of known size (pinned): PCIe RX counted by the 32-bit counters (short
-    phase) and by GPM (long phase, > one wrap) against the bytes really copied;
+    phase; long phase read in steps by tick()) and by GPM (long phase, no tick) against the bytes
+    really copied;
+ 4b. GPM's PCIe rate between samples 20 ms - 1 s apart under a steady H2D load against the
+    counters' bytes over the same spans, and after a burst: when GPM over a phase can be trusted;
  5. GPU 0 -> GPU 1 peer copies of known size where there are two GPUs: NVLink bytes per link;
  6. a 1-rank NCCL all-reduce (torch.distributed, FileStore, world size 1) with a CuPy RawKernel
     standing in for a candidate: the sampler meanwhile, and the per-kernel table of profile_kernels;
@@ -275,18 +278,26 @@ def host_copy(seconds: float) -> None:
     torch.cuda.synchronize(0)
     counters = PhaseCounters(0)
     results = {}
-    for label, chunk, repeats in (("short: 1 x 256 MiB", GiB // 16, 1), ("long: 6 x 1 GiB", GiB // 4, 6)):
+    # short: one read pair; stepped: 6 x 1 GiB with tick() after each copy, as the timing loop
+    # ticks between iterations; unstepped: the same with no tick, so past one wrap -> GPM's rates.
+    for label, chunk, repeats, stepped in (("short: 1 x 256 MiB", GiB // 16, 1, False),
+                                           ("long, ticked: 6 x 1 GiB", GiB // 4, 6, True),
+                                           ("long, no tick: 6 x 1 GiB", GiB // 4, 6, False)):
         part_host = host[:chunk]
         part_dev = dev[:chunk]
         counters.start()
         for _ in range(repeats):
             part_dev.copy_(part_host, non_blocking=True)
+            if stepped:
+                torch.cuda.synchronize(0)
+                counters.tick()
         torch.cuda.synchronize(0)
         out = counters.stop(repeats)
         known = chunk * 4 * repeats
-        ratio = out["pcie_rx_bytes"] / known if out["pcie_rx_bytes"] else None
+        ratio = out["pcie_rx_bytes"] / known if out["pcie_rx_bytes"] is not None else None
         print(f"    {label}: copied {gib(known)} in {out['elapsed_s'] * 1e3:.1f} ms; PCIe RX counted {gib(out['pcie_rx_bytes'])} "
-              f"via {out['pcie_source']} (ratio {ratio if ratio is None else round(ratio, 3)}); TX {gib(out['pcie_tx_bytes'])}")
+              f"via {out['pcie_source']} (ratio {ratio if ratio is None else round(ratio, 3)}); TX {gib(out['pcie_tx_bytes'])}"
+              f"{'; ' + out['reason'] if out['pcie_source'] is None and out['reason'] else ''}")
         results[label] = {"known_bytes": known, "pcie_rx_bytes": out["pcie_rx_bytes"], "source": out["pcie_source"],
                           "elapsed_s": out["elapsed_s"], "ratio": ratio}
 
@@ -301,6 +312,94 @@ def host_copy(seconds: float) -> None:
     show_samples(samples, [0], "H2D copy")
     results["copied_bytes_per_s"] = load.bytes / load.elapsed_s
     summary["H2D"] = results
+
+
+@part("4b. GPM's PCIe rates against the PCIe counters, by interval length")
+def gpm_probe(seconds: float) -> None:
+    """Why GPM over a phase read ~0: every 10 ms one GPM sample and one PCIe counter reading under a
+    steady H2D load; then GPM's rate between samples k ms apart against the counters' bytes."""
+    import torch
+
+    pynvml = N.load_nvml()
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    if not N.Gpm.supported(pynvml, handle):
+        print("    GPM not supported: skipped")
+        return
+    gpm = N.Gpm(pynvml, handle, clock=time.monotonic)
+    host = torch.empty(GiB // 4, dtype=torch.float32, pin_memory=True)
+    dev = torch.empty(GiB // 4, dtype=torch.float32, device="cuda:0")
+
+    def counters() -> tuple[int, int]:
+        entries = pynvml.nvmlDeviceGetFieldValues(handle, [(N.FI_PCIE_TX_BYTES, 0), (N.FI_PCIE_RX_BYTES, 0)])
+        return int(N._field_value(entries[0])), int(N._field_value(entries[1]))
+
+    def step() -> int:
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(0)
+        return GiB
+
+    readings = []  # (t, buffer, rx counter)
+    buffers = [gpm.new_buffer() for _ in range(int(seconds / 0.01) + 5)]
+    with Load(step):
+        time.sleep(0.2)
+        for buffer in buffers:
+            t = time.monotonic()
+            pynvml.nvmlGpmSampleGet(handle, buffer)
+            readings.append((t, buffer, counters()[1]))
+            time.sleep(0.01)
+    rx_steps = [0] + [(readings[i + 1][2] - readings[i][2]) % N.PCIE_COUNTER_MODULUS for i in range(len(readings) - 1)]
+    rx_cumulative = [sum(rx_steps[: i + 1]) for i in range(len(rx_steps))]
+    rows = {}
+    for gap_ms in (20, 50, 100, 120, 200, 500, 1000):
+        ratios = []
+        for i in range(len(readings)):
+            j = next((j for j in range(i + 1, len(readings)) if readings[j][0] - readings[i][0] >= gap_ms / 1e3), None)
+            if j is None:
+                break
+            try:
+                values = gpm.metrics_between(readings[i][1], readings[j][1])
+            except Exception as exc:  # noqa: BLE001 - the answer itself is the finding
+                ratios.append(f"{type(exc).__name__}")
+                continue
+            counted = rx_cumulative[j] - rx_cumulative[i]
+            gpm_bytes = (values.pcie_rx_bytes_per_s or 0.0) * (readings[j][0] - readings[i][0])
+            ratios.append(gpm_bytes / counted if counted else None)
+            if len(ratios) >= 12:
+                break
+        numeric = [r for r in ratios if isinstance(r, float)]
+        rows[gap_ms] = {"ratios": [round(r, 3) if isinstance(r, float) else r for r in ratios],
+                        "median": statistics.median(numeric) if numeric else None}
+        print(f"    GPM/counters over {gap_ms:>4} ms: median {rows[gap_ms]['median']}; {rows[gap_ms]['ratios']}")
+    # A burst after an idle period, GPM sampled at once after it and again later: does GPM lag?
+    burst = {}
+    torch.cuda.synchronize(0)
+    time.sleep(0.3)
+    first, second, third = gpm.new_buffer(), gpm.new_buffer(), gpm.new_buffer()
+    pynvml.nvmlGpmSampleGet(handle, first)
+    t0 = time.monotonic()
+    for _ in range(6):
+        dev.copy_(host, non_blocking=True)
+    torch.cuda.synchronize(0)
+    t1 = time.monotonic()
+    time.sleep(max(0.0, 0.1 - (t1 - t0)))
+    pynvml.nvmlGpmSampleGet(handle, second)
+    t2 = time.monotonic()
+    time.sleep(0.5)
+    pynvml.nvmlGpmSampleGet(handle, third)
+    t3 = time.monotonic()
+    for label, (a, b, span) in {"burst, sampled right after": (first, second, t2 - t0),
+                                "burst, sampled 0.5 s later": (first, third, t3 - t0)}.items():
+        values = gpm.metrics_between(a, b)
+        got = (values.pcie_rx_bytes_per_s or 0.0) * span
+        burst[label] = {"gpm_bytes": got, "known": 6 * GiB, "ratio": got / (6 * GiB)}
+        print(f"    {label}: 6 GiB copied in {(t1 - t0) * 1e3:.0f} ms; GPM over {span * 1e3:.0f} ms says {gib(got)} "
+              f"(ratio {got / (6 * GiB):.3f})")
+    summary["GPM probe"] = {"by_gap_ms": rows, "burst": burst}
+    for buffer in buffers + [first, second, third]:
+        pynvml.nvmlGpmSampleFree(buffer)
+    gpm.close()
+    pynvml.nvmlShutdown()
 
 
 @part("5. peer copies GPU 0 -> GPU 1 (NVLink)")
@@ -457,6 +556,7 @@ def main() -> int:
     costs()
     device_copy(args.seconds)
     host_copy(args.seconds)
+    gpm_probe(args.seconds)
     peer_copy(args.seconds)
     nccl_all_reduce(args.seconds, out_dir)
     record(out_dir)
@@ -474,6 +574,12 @@ def main() -> int:
     for label, figures in summary.get("H2D", {}).items():
         if isinstance(figures, dict):
             print(f"  H2D {label}: counted/known {figures['ratio']} via {figures['source']}")
+    probe = summary.get("GPM probe")
+    if isinstance(probe, dict):
+        print("  GPM/counters PCIe RX by span: " + ", ".join(
+            f"{gap} ms {row['median'] if row['median'] is None else round(row['median'], 3)}" for gap, row in probe["by_gap_ms"].items()))
+        for label, row in probe["burst"].items():
+            print(f"  GPM {label}: ratio {row['ratio']:.3f}")
     for key in ("sampler GPU 0 D2D copy", "sampler GPU 0 H2D copy", "sampler GPU 0 NCCL all-reduce loop"):
         if key in summary:
             print(f"  {key}: " + ", ".join(f"{k}={v:.3g}" for k, v in summary[key].items()))

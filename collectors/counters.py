@@ -2,8 +2,8 @@
 
     counters = PhaseCounters(device_index)      # CUDA device index of this rank
     counters.start()                            # just before the timed loop
-    ...timed iterations...
-    counters.stop(iterations) -> dict           # just after it
+    ...timed iteration; counters.tick()...       # tick between iterations, outside their timing
+    counters.stop(iterations) -> dict           # just after the loop
 
 ``stop`` returns bytes moved by this rank's GPU over the phase (None where NVML cannot count):
 nvlink_tx_bytes / nvlink_rx_bytes (all links summed), nvlink_bytes = the busier direction (links
@@ -11,9 +11,14 @@ are full duplex, so this is what compares with a task's Traffic.wire_bytes), the
 the per-iteration figures, and "links": {link: tx + rx bytes}. start and stop each cost one
 batched field read plus one GPM sample (a few hundred microseconds), outside the timed loop.
 
-PCIe byte counters are 32-bit and wrap every 4 GiB (~68 ms at Gen5 x16 line rate). Over a phase
-short enough that at most one wrap can have happened they are unwrapped modulo 2^32; over longer
-phases the bytes come from GPM's PCIe rates times the phase length (Hopper and newer), else None.
+PCIe byte counters are 32-bit and wrap every 4 GiB (~68 ms at Gen5 x16 line rate): two reads
+further apart than that may hide a second wrap. So a long phase is read in steps: ``tick()``,
+called between timed iterations (outside the timed window, the GPU idle), reads the PCIe
+counters again once half the wrap-safe window has gone by (one ~300 us read per ~30 ms), and
+every step is unwrapped modulo 2^32 and summed. The figure stays exact however long the phase
+runs, as long as no single gap between reads outgrows the window (one iteration longer than
+~60 ms at Gen5); then the bytes come from GPM's PCIe rates times the phase length where GPM
+exists (Hopper and newer, phases >= 100 ms), else None with the reason.
 
 ``traffic_flag`` compares measured bytes per iteration with the task's traffic model.
 """
@@ -73,6 +78,13 @@ class PhaseCounters:
         self._start: CounterSnapshot | None = None
         self._started_at: float | None = None
         self._nvml_index: int | None = None
+        # PCIe in steps: the last reading, when it was taken, the sum of unwrapped steps so far,
+        # and whether every step stayed inside the wrap-safe window.
+        self._pcie_last: CounterSnapshot | None = None
+        self._pcie_last_at = 0.0
+        self._pcie_sum: list[int | None] = [0, 0]
+        self._pcie_exact = True
+        self._pcie_safe_s = 0.0
         if device_index is None:
             self.reason = "no GPU: nothing to count"
             return
@@ -123,8 +135,37 @@ class PhaseCounters:
                 self._sampler.nvml.nvmlGpmSampleGet(self._gpm.handle, self._gpm.buffers[0])
             except Exception:
                 self._gpm = None
-        self._start = self._sampler.gpus[0].read_counters()
+        gpu = self._sampler.gpus[0]
+        self._start = gpu.read_counters()
         self._started_at = self.clock()
+        self._pcie_last, self._pcie_last_at = self._start, self._started_at
+        self._pcie_sum, self._pcie_exact = [0, 0], True
+        self._pcie_safe_s = N.pcie_wrap_safe_s(gpu.pcie_generation, gpu.pcie_width)
+
+    def tick(self) -> None:
+        """Between timed iterations: read the PCIe counters if the last read is half a wrap old.
+
+        Costs nothing (a clock read) until then; one batched read (~300 us) when due.
+        """
+        if self._sampler is None or self._start is None or not self._sampler.gpus[0].pcie_counters:
+            return
+        if self.clock() - self._pcie_last_at < self._pcie_safe_s / 2:
+            return
+        self._pcie_step(self._sampler.gpus[0].read_counters(include_nvlink=False))
+
+    def _pcie_step(self, reading: CounterSnapshot) -> None:
+        now = reading.host_monotonic_s
+        if self._pcie_last is None or now - self._pcie_last_at > self._pcie_safe_s:
+            self._pcie_exact = False  # a second wrap may hide in this step
+        else:
+            for i, (before, after) in enumerate((
+                (self._pcie_last.pcie_tx_bytes, reading.pcie_tx_bytes),
+                (self._pcie_last.pcie_rx_bytes, reading.pcie_rx_bytes),
+            )):
+                step = counter_delta(before, after, modulus=N.PCIE_COUNTER_MODULUS)
+                total = self._pcie_sum[i]
+                self._pcie_sum[i] = total + step if total is not None and step is not None else None
+        self._pcie_last, self._pcie_last_at = reading, now
 
     def stop(self, iterations: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -139,7 +180,7 @@ class PhaseCounters:
             return out
         gpu = self._sampler.gpus[0]
         end = gpu.read_counters()
-        elapsed_s = self.clock() - self._started_at
+        elapsed_s = end.host_monotonic_s - self._started_at
         gpm_values = None
         if self._gpm is not None:
             try:
@@ -161,14 +202,16 @@ class PhaseCounters:
                 rx_total = rx_total + rx * N.KIB if rx_total is not None and rx is not None else None
                 out["links"][link] = (tx + rx) * N.KIB if tx is not None and rx is not None else None
             out["nvlink_tx_bytes"], out["nvlink_rx_bytes"] = tx_total, rx_total
-        elif gpm_values is not None and elapsed_s >= N.GPM_MIN_INTERVAL_S - 1e-6:
+        elif gpm_values is not None and gpu.active_links and elapsed_s >= N.GPM_MIN_INTERVAL_S - 1e-6:
+            # GPM reads 0 B/s NVLink on a GPU with no active link: that is "no NVLink", not "idle".
             out["nvlink_tx_bytes"] = _bytes(gpm_values.nvlink_tx_bytes_per_s, elapsed_s)
             out["nvlink_rx_bytes"] = _bytes(gpm_values.nvlink_rx_bytes_per_s, elapsed_s)
 
-        # PCIe: exact counters while no second wrap is possible, else GPM's rates.
-        if gpu.pcie_counters and elapsed_s <= N.pcie_wrap_safe_s(gpu.pcie_generation, gpu.pcie_width):
-            out["pcie_tx_bytes"] = counter_delta(start.pcie_tx_bytes, end.pcie_tx_bytes, modulus=N.PCIE_COUNTER_MODULUS)
-            out["pcie_rx_bytes"] = counter_delta(start.pcie_rx_bytes, end.pcie_rx_bytes, modulus=N.PCIE_COUNTER_MODULUS)
+        # PCIe: the counters, read in wrap-safe steps (tick), else GPM's rates over the phase.
+        if gpu.pcie_counters:
+            self._pcie_step(end)
+        if gpu.pcie_counters and self._pcie_exact and None not in self._pcie_sum:
+            out["pcie_tx_bytes"], out["pcie_rx_bytes"] = self._pcie_sum
             out["pcie_source"] = "counters"
         elif gpm_values is not None and elapsed_s >= N.GPM_MIN_INTERVAL_S - 1e-6:
             out["pcie_tx_bytes"] = _bytes(gpm_values.pcie_tx_bytes_per_s, elapsed_s)
@@ -176,6 +219,9 @@ class PhaseCounters:
             out["pcie_source"] = "gpm"
         if out["pcie_tx_bytes"] is None and out["pcie_rx_bytes"] is None:
             out["pcie_source"] = None
+            if gpu.pcie_counters and not self._pcie_exact and out["reason"] is None:
+                out["reason"] = (f"PCIe counters were read further apart than their wrap-safe "
+                                 f"{self._pcie_safe_s * 1e3:.0f} ms and GPM is unavailable: no PCIe figure")
 
         for kind in ("nvlink", "pcie"):
             tx, rx = out[f"{kind}_tx_bytes"], out[f"{kind}_rx_bytes"]

@@ -17,15 +17,24 @@ def field(gpu: int, tick: int, key: str) -> int:
     return TRACE["devices"][gpu]["ticks"][tick]["fields"][key]
 
 
-def phase(gpu: int, first: int, last: int, iterations: int = 10) -> dict:
-    """Counters started at tick ``first`` and stopped at tick ``last`` on replayed GPU ``gpu``."""
-    replay = ReplayNvml(TRACE)
+def phase(gpu: int, first: int, last: int, iterations: int = 10, *, ticks: bool = False, trace: dict = TRACE) -> dict:
+    """Counters started at tick ``first`` and stopped at tick ``last`` on replayed GPU ``gpu``;
+    with ``ticks``, PhaseCounters.tick() is called at every trace tick in between, as the timing
+    loop calls it between iterations."""
+    replay = ReplayNvml(trace)
     counters = PhaseCounters(gpu, nvml=replay, clock=replay.clock)
     assert counters.available()
     replay.step(first)
     counters.start()
-    replay.step(last - first)
+    for _ in range(last - first):
+        replay.step()
+        if ticks and replay.cursor < last:
+            counters.tick()
     return counters.stop(iterations)
+
+
+def unwrapped_steps(gpu: int, key: str, first: int, last: int) -> int:
+    return sum((field(gpu, t + 1, key) - field(gpu, t, key)) % 2**32 for t in range(first, last))
 
 
 def test_nvlink_bytes_over_a_phase_sum_every_link():
@@ -58,9 +67,36 @@ def test_a_long_phase_takes_pcie_from_gpm_where_a_second_wrap_was_possible():
 
 def test_without_gpm_a_long_phase_has_no_pcie_figure():
     assert phase(1, 1, 3)["pcie_source"] == "counters"  # 100 ms is inside Gen4's window
-    out = phase(1, 0, 6)  # 300 ms on a GPU without GPM
+    out = phase(1, 0, 6)  # 300 ms on a GPU without GPM, never read in between
     assert out["pcie_bytes"] is None and out["pcie_source"] is None
+    assert "wrap-safe" in out["reason"]
     assert out["nvlink_bytes"] is not None
+
+
+def test_a_long_phase_read_in_steps_keeps_the_exact_pcie_counters():
+    # 300 ms on the A100 stand-in (no GPM), read every 50 ms: exact, however many wraps in all.
+    out = phase(1, 0, 6, ticks=True)
+    assert out["pcie_source"] == "counters"
+    assert out["pcie_tx_bytes"] == unwrapped_steps(1, "197:0", 0, 6)
+    assert out["pcie_rx_bytes"] == unwrapped_steps(1, "198:0", 0, 6)
+    # On the H100 stand-in the counters read in steps win over GPM's rates too; TX wraps at 2 -> 3.
+    out = phase(0, 1, 3, ticks=True)
+    assert out["pcie_source"] == "counters"
+    assert out["pcie_tx_bytes"] == unwrapped_steps(0, "197:0", 1, 3)
+
+
+def test_tick_reads_only_when_half_the_wrap_window_has_gone():
+    replay = ReplayNvml(TRACE)
+    counters = PhaseCounters(0, nvml=replay, clock=replay.clock)
+    counters.start()
+    reads = replay.calls.get("nvmlDeviceGetFieldValues", 0)
+    for _ in range(5):
+        counters.tick()  # the clock has not moved: nothing to read
+    assert replay.calls.get("nvmlDeviceGetFieldValues", 0) == reads
+    replay.step()  # 50 ms: past half of Gen5's ~61 ms window
+    counters.tick()
+    assert replay.calls["nvmlDeviceGetFieldValues"] == reads + 1
+    assert replay.field_requests[-1] == [(197, 0), (198, 0)]  # PCIe only: NVLink's 64-bit counters need no steps
 
 
 def test_a_counter_reset_inside_the_phase_gives_no_nvlink_figure():
@@ -74,6 +110,17 @@ def test_a_gpu_without_nvlink_says_so():
     out = phase(2, 1, 3)
     assert out["nvlink_bytes"] is None and out["links"] == {}
     assert "NVLink" in out["reason"]
+    assert out["pcie_source"] == "gpm"
+
+
+def test_gpm_zero_nvlink_on_a_gpu_without_links_is_unavailable_not_idle():
+    # Seen on a one-GPU H200: NVLink fields NOT_SUPPORTED, no link up, yet GPM's NVLink totals read 0.
+    trace = json.loads(json.dumps(TRACE))
+    for tick in trace["devices"][2]["ticks"]:
+        if tick.get("gpm"):
+            tick["gpm"]["60"] = tick["gpm"]["61"] = 0.0
+    out = phase(2, 1, 3, trace=trace)
+    assert out["nvlink_tx_bytes"] is None and out["nvlink_bytes"] is None
     assert out["pcie_source"] == "gpm"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 
 import pytest
@@ -38,6 +39,30 @@ def test_samples_and_links_are_written_with_nulls_kept(db):
     assert rows[0]["temperature_c"] is None
     links = conn.execute("SELECT link, tx_bytes_per_s, rx_bytes_per_s, run_id FROM link_samples ORDER BY link").fetchall()
     assert [tuple(l) for l in links] == [(0, 1e8, None, 7), (1, 2e8, None, 7), (2, 3e8, None, 7)]
+
+
+def test_large_batches_are_split_under_the_bound_parameter_limit(db):
+    # Many rows per INSERT statement, in chunks that respect the connection's parameter limit
+    # (999 before SQLite 3.32): every row lands, in order, with its own values.
+    from collectors.sink import write_samples
+
+    conn = connect(db)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    samples = [gpu_sample(1000.0 + k / 100, k % 8, tx=float(k), links=3 if k % 5 == 0 else 0, run_id=k % 3 or None)
+               for k in range(1234)]
+    assert write_samples(conn, samples, host_id=None) == (1234, 3 * 247)
+    rows = conn.execute("SELECT ts, gpu, run_id, nvlink_tx_bytes_per_s, power_w FROM samples ORDER BY id").fetchall()
+    assert [tuple(r) for r in rows] == [(s.ts, s.gpu, s.run_id, s.nvlink_tx_bytes_per_s, s.power_w) for s in samples]
+    links = conn.execute("SELECT ts, gpu, link, tx_bytes_per_s FROM link_samples ORDER BY id").fetchall()
+    assert [tuple(r) for r in links] == [(s.ts, s.gpu, l.link, l.tx_bytes_per_s) for s in samples for l in s.links]
+    conn.close()
+
+
+def test_a_runs_samples_are_read_through_the_run_index(db):
+    conn = connect(db, readonly=True)
+    plan = " ".join(str(tuple(r)) for r in conn.execute(
+        "EXPLAIN QUERY PLAN SELECT ts FROM samples WHERE run_id = ? ORDER BY gpu, ts", (3,)))
+    assert "samples_run" in plan  # the partial index (run_id IS NOT NULL) serves run reads
 
 
 def test_many_small_puts_become_few_transactions(db):

@@ -33,6 +33,25 @@ def test_a_new_database_gets_the_current_schema_in_wal_mode(tmp_path: Path) -> N
     assert {"hosts", "runs", "results", "trials", "kernels", "samples", "link_samples", "sources", "calibrations"} <= tables
 
 
+def test_a_version_1_database_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
+    from pkb_tui.store.schema import MIGRATIONS
+
+    db = tmp_path / "runs.db"
+    conn = sqlite3.connect(db)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO samples (ts, gpu, run_id, power_w) VALUES (1.0, 0, NULL, 300.0), (2.0, 0, 5, 310.0)")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with Store(db) as store:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        index_sql = store.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'samples_run'").fetchone()[0]
+        assert "WHERE run_id IS NOT NULL" in index_sql
+        assert [r["power_w"] for r in store.run_samples(5)] == [310.0]
+        assert store.conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 2
+
+
 def test_a_database_from_a_newer_pkb_tui_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
     Store(db).close()

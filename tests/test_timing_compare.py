@@ -33,6 +33,17 @@ def test_a_candidate_patching_the_clock_after_import_does_not_reach_the_timer(mo
     assert all(s > 0 for s in samples)
 
 
+def test_the_counter_hooks_run_after_the_warmup_and_between_timed_iterations() -> None:
+    # The byte counters start once the warm-up is done and step between iterations, never inside one.
+    log: list[str] = []
+    timing.time_iterations(
+        lambda i: log.append(f"call {i}"), iterations=3, warmup=2, device=torch.device("cpu"),
+        barrier=lambda: log.append("barrier"), on_start=lambda: log.append("start"), between=lambda: log.append("tick"),
+    )
+    assert log == ["call 0", "call 1", "start",
+                   "barrier", "call 0", "tick", "barrier", "call 1", "tick", "barrier", "call 2", "tick"]
+
+
 def test_nan_never_passes_even_where_tolerance_is_huge() -> None:
     ref = torch.ones(5)
     got = ref.clone()

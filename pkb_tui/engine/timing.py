@@ -59,14 +59,21 @@ def summarize(samples_per_rank: list[list[float]]) -> TimingStats:
 def time_iterations(
     call: Callable[[int], Any], *, iterations: int, warmup: int, device: torch.device,
     barrier: Callable[[], None], keep_last: int = 0,
+    on_start: Callable[[], None] | None = None, between: Callable[[], None] | None = None,
 ) -> tuple[list[float], list[Any]]:
     """Run call(i) warmup + iterations times; return per-iteration microseconds and the outputs of
-    the last ``keep_last`` timed iterations (so the caller can check them)."""
+    the last ``keep_last`` timed iterations (so the caller can check them).
+
+    ``on_start`` runs once after the warm-up, the device idle; ``between`` after every timed
+    iteration, outside its timed window with the device idle (the byte counters use both).
+    """
     on_gpu = device.type == "cuda"
     for i in range(warmup):
         call(i)
     if on_gpu:
         _cuda_synchronize(device)
+    if on_start is not None:
+        on_start()
     samples_us: list[float] = []
     kept: list[Any] = []
     for i in range(iterations):
@@ -83,6 +90,8 @@ def time_iterations(
             t0 = _perf_counter_ns()
             out = call(i)
             samples_us.append((_perf_counter_ns() - t0) / 1000.0)
+        if between is not None:
+            between()
         if i >= iterations - keep_last:
             kept.append(out)
         else:

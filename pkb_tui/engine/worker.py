@@ -320,13 +320,13 @@ class Rank:
         counters = _phase_counters(self.device)
         failure = None
         try:
-            if counters is not None:
-                counters.start()
             samples, kept = timing.time_iterations(
                 lambda i: fn(*input_sets[i % copies]), iterations=req.iterations, warmup=req.warmup,
                 device=self.device, barrier=self.barrier, keep_last=min(copies, req.iterations) if variant == "candidate" else 0,
+                on_start=counters.start if counters is not None else None,
+                between=counters.tick if counters is not None else None,
             )
-            link = counters.stop(req.iterations + req.warmup) if counters is not None else None
+            link = counters.stop(req.iterations) if counters is not None else None
         except BaseException as exc:
             failure = f"{variant} raised during timing on rank {self.rank}: {type(exc).__name__}: {exc}"
             traceback.print_exc()
