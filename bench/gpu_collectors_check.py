@@ -371,32 +371,36 @@ def gpm_probe(seconds: float) -> None:
         rows[gap_ms] = {"ratios": [round(r, 3) if isinstance(r, float) else r for r in ratios],
                         "median": statistics.median(numeric) if numeric else None}
         print(f"    GPM/counters over {gap_ms:>4} ms: median {rows[gap_ms]['median']}; {rows[gap_ms]['ratios']}")
-    # A burst after an idle period, GPM sampled at once after it and again later: does GPM lag?
+    # A burst after an idle period: GPM sampled once before it, once d ms after it ends (a fresh
+    # pair per d). Does GPM lag the traffic, and by how much? "primed": one extra sample 150 ms
+    # before the start sample, in case the first sample after a quiet spell is stale.
     burst = {}
-    torch.cuda.synchronize(0)
-    time.sleep(0.3)
-    first, second, third = gpm.new_buffer(), gpm.new_buffer(), gpm.new_buffer()
-    pynvml.nvmlGpmSampleGet(handle, first)
-    t0 = time.monotonic()
-    for _ in range(6):
-        dev.copy_(host, non_blocking=True)
-    torch.cuda.synchronize(0)
-    t1 = time.monotonic()
-    time.sleep(max(0.0, 0.1 - (t1 - t0)))
-    pynvml.nvmlGpmSampleGet(handle, second)
-    t2 = time.monotonic()
-    time.sleep(0.5)
-    pynvml.nvmlGpmSampleGet(handle, third)
-    t3 = time.monotonic()
-    for label, (a, b, span) in {"burst, sampled right after": (first, second, t2 - t0),
-                                "burst, sampled 0.5 s later": (first, third, t3 - t0)}.items():
-        values = gpm.metrics_between(a, b)
-        got = (values.pcie_rx_bytes_per_s or 0.0) * span
-        burst[label] = {"gpm_bytes": got, "known": 6 * GiB, "ratio": got / (6 * GiB)}
-        print(f"    {label}: 6 GiB copied in {(t1 - t0) * 1e3:.0f} ms; GPM over {span * 1e3:.0f} ms says {gib(got)} "
-              f"(ratio {got / (6 * GiB):.3f})")
+    extra = [gpm.new_buffer() for _ in range(3)]
+    for primed in (False, True):
+        for delay_ms in (0, 50, 100, 150, 200, 300, 500):
+            torch.cuda.synchronize(0)
+            time.sleep(0.4)
+            if primed:
+                pynvml.nvmlGpmSampleGet(handle, extra[2])
+                time.sleep(0.15)
+            pynvml.nvmlGpmSampleGet(handle, extra[0])
+            t0 = time.monotonic()
+            for _ in range(6):
+                dev.copy_(host, non_blocking=True)
+            torch.cuda.synchronize(0)
+            t1 = time.monotonic()
+            time.sleep(delay_ms / 1e3)
+            pynvml.nvmlGpmSampleGet(handle, extra[1])
+            span = time.monotonic() - t0
+            values = gpm.metrics_between(extra[0], extra[1])
+            got = (values.pcie_rx_bytes_per_s or 0.0) * span
+            label = f"{'primed, ' if primed else ''}end sample {delay_ms} ms after the burst"
+            burst[label] = {"gpm_bytes": got, "known": 6 * GiB, "ratio": got / (6 * GiB), "burst_ms": (t1 - t0) * 1e3,
+                            "span_ms": span * 1e3, "rate_gbps": (values.pcie_rx_bytes_per_s or 0.0) / 1e9}
+            print(f"    {label}: 6 GiB in {(t1 - t0) * 1e3:.0f} ms; GPM rate {(values.pcie_rx_bytes_per_s or 0) / 1e9:.1f} GB/s "
+                  f"x {span * 1e3:.0f} ms = {gib(got)} (ratio {got / (6 * GiB):.3f})")
     summary["GPM probe"] = {"by_gap_ms": rows, "burst": burst}
-    for buffer in buffers + [first, second, third]:
+    for buffer in buffers + extra:
         pynvml.nvmlGpmSampleFree(buffer)
     gpm.close()
     pynvml.nvmlShutdown()
