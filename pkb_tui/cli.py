@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
-from pkb_tui.errors import EXIT_CANDIDATE_FAILED, EXIT_HARNESS, EXIT_OK, EXIT_USAGE, PkbError
+from pkb_tui.errors import EXIT_CANDIDATE_FAILED, EXIT_HARNESS, EXIT_OK, PkbError
 
 STATUS_MARKS = {
     "passed": "✓", "failed": "✗", "error": "!", "timeout": "⏱", "interrupted": "◼", "running": "…", "queued": "·",
@@ -250,9 +250,11 @@ def _json_default(value: Any) -> Any:
 
 # ---------------------------------------------------------------------- listings
 def cmd_tasks(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
-    from tasks import all_tasks
+    from tasks import all_tasks, broken_tasks
 
     tasks = [t for t in all_tasks().values() if not args.family or t.spec.family == args.family]
+    for name, why in broken_tasks().items():
+        print(f"warning: task module {name} did not load and is left out: {why}", file=sys.stderr)
     if args.family and not tasks:
         raise PkbError(f"No task in family {args.family!r}.")
     if args.json:

@@ -9,5 +9,6 @@ from tasks.base import (  # noqa: F401
     Tolerance,
     Traffic,
     all_tasks,
+    broken_tasks,
     load_task,
 )

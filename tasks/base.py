@@ -204,6 +204,7 @@ class Task:
 
 _REQUIRED = ("make_inputs", "baseline", "reference", "traffic")
 _registry: dict[str, Task] | None = None
+_broken: dict[str, str] = {}  # task module that failed to load -> why, in one line
 
 
 def _task_from_module(module: ModuleType) -> Task:
@@ -219,36 +220,59 @@ def _task_from_module(module: ModuleType) -> Task:
     return Task(spec, module, *(getattr(module, name) for name in _REQUIRED))
 
 
-def _discover() -> dict[str, Task]:
+def _discover() -> tuple[dict[str, Task], dict[str, str]]:
+    """(tasks by id, broken module -> why). One module that fails to import or breaks the contract
+    is left out and reported; it never takes the other tasks down with it."""
     import tasks as package
 
     found: dict[str, Task] = {}
-    for info in pkgutil.walk_packages(package.__path__, prefix="tasks."):
+    broken: dict[str, str] = {}
+    for info in pkgutil.walk_packages(package.__path__, prefix="tasks.", onerror=lambda name: broken.setdefault(
+            name, "its package failed to import")):
         leaf = info.name.rsplit(".", 1)[-1]
         if leaf.startswith("_") or leaf == "base":
             continue
-        module = importlib.import_module(info.name)
-        if not hasattr(module, "TASK"):
+        try:
+            module = importlib.import_module(info.name)
+            if not hasattr(module, "TASK"):
+                continue
+            task = _task_from_module(module)
+        except Exception as exc:  # SyntaxError is an Exception too; a bad module must not stop discovery
+            broken[info.name] = _one_line(exc)
             continue
-        task = _task_from_module(module)
         if task.id in found:
-            raise PkbError(
-                f"Two task modules claim id {task.id!r}: {found[task.id].module.__name__} and {module.__name__}."
-            )
+            broken[info.name] = f"claims id {task.id!r}, which {found[task.id].module.__name__} already has"
+            continue
         found[task.id] = task
-    return dict(sorted(found.items()))
+    return dict(sorted(found.items())), broken
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} (line {exc.lineno})"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def all_tasks() -> dict[str, Task]:
-    """Every task, by id (imported once per process)."""
-    global _registry
+    """Every task that loads, by id (imported once per process); broken_tasks() names the rest."""
+    global _registry, _broken
     if _registry is None:
-        _registry = _discover()
+        _registry, _broken = _discover()
     return _registry
+
+
+def broken_tasks() -> dict[str, str]:
+    """Task modules that failed to load: module name -> the reason, in one line."""
+    all_tasks()
+    return dict(_broken)
 
 
 def load_task(task_id: str) -> Task:
     tasks = all_tasks()
     if task_id not in tasks:
-        raise PkbError(f"Unknown task {task_id!r}; `pkb-tui tasks` lists the {len(tasks)} known ones.")
+        hint = ""
+        if _broken:
+            hint = " " + "; ".join(f"{name} failed to load ({why})" for name, why in sorted(_broken.items())) + "."
+        raise PkbError(f"Unknown task {task_id!r}; `pkb-tui tasks` lists the {len(tasks)} known ones.{hint}")
     return tasks[task_id]

@@ -88,3 +88,28 @@ def test_listings(cli, tmp_db: Path) -> None:
     assert len(models["torch-p2p"]["tasks"]) >= 8
     assert cli("runs").code == 0
     assert "There is no run 5" in _one_sentence(cli("show", "5"))
+
+
+def test_a_broken_task_module_is_left_out_and_named_while_the_others_load(cli, tmp_db: Path, tmp_path: Path, monkeypatch) -> None:
+    # A task module with a syntax error and one that raises on import: each is reported in one
+    # line, and every other task still lists, plans and runs.
+    import tasks
+    import tasks.base as base
+
+    extra = tmp_path / "extra_tasks"
+    (extra / "bad").mkdir(parents=True)
+    (extra / "bad" / "__init__.py").write_text("")
+    (extra / "bad" / "typo_task.py").write_text("TASK = (\n")
+    (extra / "bad" / "raising_task.py").write_text("raise RuntimeError('needs a GPU library that is missing')\n")
+    monkeypatch.setattr(tasks, "__path__", list(tasks.__path__) + [str(extra)])
+    monkeypatch.setattr(base, "_registry", None)
+    monkeypatch.setattr(base, "_broken", {})
+    listed = cli("tasks", "--json")
+    assert listed.code == 0 and len(listed.json()) >= 35
+    assert "tasks.bad.typo_task did not load" in listed.err and "SyntaxError" in listed.err
+    assert "tasks.bad.raising_task did not load" in listed.err and "needs a GPU library" in listed.err
+    unknown = cli("run", "--task", "typo_task", "--model", "baseline", "--world-size", "2", "--mode", "cpu")
+    assert unknown.code == 2 and "tasks.bad.typo_task failed to load (SyntaxError" in unknown.err
+    ran = cli("run", "--task", "all_reduce", "--model", "baseline", "--world-size", "2", "--mode", "cpu",
+              "--size", "small", "--trials", "1", "--iterations", "2", "--warmup", "1", "--no-profile")
+    assert ran.code == 0, ran.err

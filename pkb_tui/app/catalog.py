@@ -62,9 +62,12 @@ def load_catalog() -> Catalog:
 
     catalog = Catalog()
     try:
-        from tasks import all_tasks
+        from tasks import all_tasks, broken_tasks
 
         catalog.tasks = [task_info(task.spec) for task in all_tasks().values()]
+        broken = broken_tasks()
+        if broken:
+            catalog.problem = "Left out, did not load: " + "; ".join(f"{name} ({why})" for name, why in broken.items())
     except PkbError as exc:
         catalog.problem = str(exc)
     try:

@@ -29,7 +29,7 @@ from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
 from pkb_tui.errors import PkbError
 from pkb_tui.store import Store, default_db_path
-from tasks.base import SIZE_NAMES, Traffic, all_tasks, load_task
+from tasks.base import SIZE_NAMES, Traffic, all_tasks, broken_tasks, load_task
 
 EventCallback = Callable[[ev.Event, "int | None"], None]
 
@@ -91,6 +91,8 @@ class Launcher:
         if not models:
             raise PkbError("No model given; pass --model NAME|PATH[,...] (baseline runs the baseline itself).")
         self.skipped = []
+        if every:
+            self.skipped += [f"Task module {name} did not load: {why}." for name, why in sorted(broken_tasks().items())]
         items: list[RunItem] = []
         for task in tasks:
             try:
