@@ -18,7 +18,15 @@ counters again once half the wrap-safe window has gone by (one ~300 us read per 
 every step is unwrapped modulo 2^32 and summed. The figure stays exact however long the phase
 runs, as long as no single gap between reads outgrows the window (one iteration longer than
 ~60 ms at Gen5); then the bytes come from GPM's PCIe rates times the phase length where GPM
-exists (Hopper and newer, phases >= 100 ms), else None with the reason.
+exists (Hopper and newer), else None with the reason.
+
+GPM lags the traffic. Measured on an H200 (bench/gpu_collectors_check.py part 4b): 6 GiB copied
+host-to-device in 117 ms, GPM sampled just before and just after, counts 0 bytes; sampled 50 ms
+after the copy ends, 44-50% of them; 100-200 ms after, 0.9-1.4x. Under steady traffic its rate over
+any span >= 100 ms agrees with the counters to 0.6%. So over a phase GPM misses up to ~150 ms at
+the end and counts as much from just before the start (the warm-up, which precedes the timed loop
+directly, moves the same traffic): fair for phases of a second or more, wrong for short ones.
+``gpm_min_phase_s`` (1 s) is where GPM starts to be trusted; below it there is no GPM figure.
 
 ``traffic_flag`` compares measured bytes per iteration with the task's traffic model.
 """
@@ -31,6 +39,9 @@ from typing import Any, Callable
 
 from collectors import nvml as N
 from collectors.nvml import CounterSnapshot, Gpm, NvmlSampler, counter_delta
+
+# The shortest phase whose bytes GPM's rates may give: GPM lags the traffic by ~100-150 ms (see above).
+GPM_MIN_PHASE_S = 1.0
 
 # One NVML session and GPM buffer pair per process and GPU for the real library: the worker makes a
 # PhaseCounters per variant, and NVML init / GPM allocation need not be repeated each time.
@@ -69,9 +80,10 @@ class PhaseCounters:
 
     def __init__(
         self, device_index: int | None, nvml: Any = None, *, uuid: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, gpm_min_phase_s: float = GPM_MIN_PHASE_S,
     ) -> None:
         self.clock = clock
+        self.gpm_min_phase_s = max(gpm_min_phase_s, N.GPM_MIN_INTERVAL_S)
         self.reason: str | None = None
         self._sampler: NvmlSampler | None = None
         self._gpm: Gpm | None = None
@@ -202,7 +214,7 @@ class PhaseCounters:
                 rx_total = rx_total + rx * N.KIB if rx_total is not None and rx is not None else None
                 out["links"][link] = (tx + rx) * N.KIB if tx is not None and rx is not None else None
             out["nvlink_tx_bytes"], out["nvlink_rx_bytes"] = tx_total, rx_total
-        elif gpm_values is not None and gpu.active_links and elapsed_s >= N.GPM_MIN_INTERVAL_S - 1e-6:
+        elif gpm_values is not None and gpu.active_links and elapsed_s >= self.gpm_min_phase_s - 1e-6:
             # GPM reads 0 B/s NVLink on a GPU with no active link: that is "no NVLink", not "idle".
             out["nvlink_tx_bytes"] = _bytes(gpm_values.nvlink_tx_bytes_per_s, elapsed_s)
             out["nvlink_rx_bytes"] = _bytes(gpm_values.nvlink_rx_bytes_per_s, elapsed_s)
@@ -213,24 +225,40 @@ class PhaseCounters:
         if gpu.pcie_counters and self._pcie_exact and None not in self._pcie_sum:
             out["pcie_tx_bytes"], out["pcie_rx_bytes"] = self._pcie_sum
             out["pcie_source"] = "counters"
-        elif gpm_values is not None and elapsed_s >= N.GPM_MIN_INTERVAL_S - 1e-6:
+        elif gpm_values is not None and elapsed_s >= self.gpm_min_phase_s - 1e-6:
             out["pcie_tx_bytes"] = _bytes(gpm_values.pcie_tx_bytes_per_s, elapsed_s)
             out["pcie_rx_bytes"] = _bytes(gpm_values.pcie_rx_bytes_per_s, elapsed_s)
             out["pcie_source"] = "gpm"
         if out["pcie_tx_bytes"] is None and out["pcie_rx_bytes"] is None:
             out["pcie_source"] = None
-            if gpu.pcie_counters and not self._pcie_exact and out["reason"] is None:
-                out["reason"] = (f"PCIe counters were read further apart than their wrap-safe "
-                                 f"{self._pcie_safe_s * 1e3:.0f} ms and GPM is unavailable: no PCIe figure")
 
         for kind in ("nvlink", "pcie"):
             tx, rx = out[f"{kind}_tx_bytes"], out[f"{kind}_rx_bytes"]
             busier = max(tx, rx) if tx is not None and rx is not None else None
             out[f"{kind}_bytes"] = busier
             out[f"{kind}_bytes_per_iter"] = busier / iterations if busier is not None and iterations > 0 else None
-        if out["nvlink_bytes"] is None and out["reason"] is None:
-            out["reason"] = "NVML counts no NVLink traffic on this GPU (no NVLink, or the counters are not supported)"
+        out["reason"] = self._why_missing(gpu, out, elapsed_s)
         return out
+
+    def _why_missing(self, gpu: Any, out: dict[str, Any], elapsed_s: float) -> str | None:
+        """One sentence per figure that is None, joined; None if every figure is there."""
+        gpm_short = self._gpm is not None and elapsed_s < self.gpm_min_phase_s - 1e-6
+        short = (f"the phase ({elapsed_s * 1e3:.0f} ms) is shorter than the {self.gpm_min_phase_s:.1f} s "
+                 "GPM's lagging rates need")
+        reasons = []
+        if out["nvlink_bytes"] is None and not gpu.nvlink_counters:
+            if gpu.active_links and gpm_short:
+                reasons.append(f"NVLink counters unsupported and {short}")
+            elif not gpu.active_links:
+                reasons.append("NVML counts no NVLink traffic on this GPU (no NVLink, or the counters are not supported)")
+        elif out["nvlink_bytes"] is None:
+            reasons.append("an NVLink counter went backwards (reset) during the phase")
+        if out["pcie_bytes"] is None:
+            counters = (f"PCIe counters were read further apart than their wrap-safe {self._pcie_safe_s * 1e3:.0f} ms"
+                        if gpu.pcie_counters else "no PCIe counters")
+            gpm = "no GPM" if self._gpm is None else short if gpm_short else "GPM gave no PCIe rate"
+            reasons.append(f"{counters} and {gpm}: no PCIe figure")
+        return "; ".join(reasons) or None
 
 
 def _bytes(rate: float | None, seconds: float) -> int | None:

@@ -290,3 +290,20 @@ def test_gpm_zero_nvlink_on_a_gpu_without_links_is_unavailable_not_idle(trace):
     h200 = per_tick[3][2]
     assert h200.pcie_rx_bytes_per_s == pytest.approx(57_344.0 * 2**20)  # GPM still used for PCIe
     assert h200.nvlink_tx_bytes_per_s is None and h200.nvlink_rx_bytes_per_s is None
+
+
+def test_a_real_h200_recording_replays_as_the_box_answered():
+    # Recorded on the lent one-GPU H200 (bench/gpu_collectors_check.py part 7) during pinned
+    # host-to-device copies at ~55 GB/s: NVML answers nothing for NVLink, GPM reads 0 for it.
+    recorded = json.loads((TRACE_PATH.parent / "nvml_trace_h200_recorded.json").read_text())
+    per_tick, _, sampler = run(recorded, 10)
+    gpu = sampler.gpu(0)
+    assert gpu.links == [] and not gpu.nvlink_counters
+    busy = [per_tick[k][0] for k in range(3, 10)]
+    assert all(s.nvlink_tx_bytes_per_s is None and s.nvlink_rx_bytes_per_s is None for s in busy)  # n/a, not 0
+    assert all(50e9 < s.pcie_rx_bytes_per_s < 65e9 for s in busy)  # GPM, MiB/s -> B/s
+    assert all(s.pcie_tx_bytes_per_s < s.pcie_rx_bytes_per_s / 5 for s in busy)
+    # The 32-bit counters read 100 ms apart at 55 GB/s may have wrapped twice (Gen5's window is
+    # ~61 ms): forced onto them, the sampler gives no PCIe rate rather than a wrong one.
+    forced, _, _ = run(recorded, 10, gpm=False, pcie_counters=True)
+    assert all(forced[k][0].pcie_rx_bytes_per_s is None for k in range(1, 10))
