@@ -287,3 +287,32 @@ def traffic_flag(
     if measured_bytes_per_iter > model_bytes * wasteful_factor:
         return "wasteful"
     return None
+
+
+def combine_phases(phases: list[dict[str, Any]], iterations: int) -> dict[str, Any]:
+    """One phase's figures from several ``stop()`` results (timing runs in interleaved blocks).
+
+    Bytes add up where every block has them, else they are None; a link's bytes likewise. The
+    PCIe source is "counters" only if every block counted with them.
+    """
+    if not phases:
+        return PhaseCounters(None).stop(iterations)
+    out: dict[str, Any] = {"iterations": iterations, "links": {}}
+    for key in ("elapsed_s", "nvlink_tx_bytes", "nvlink_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes"):
+        values = [p.get(key) for p in phases]
+        out[key] = sum(values) if all(v is not None for v in values) else None
+    for link in sorted({l for p in phases for l in p.get("links", {})}):
+        values = [p.get("links", {}).get(link) for p in phases]
+        out["links"][link] = sum(values) if all(v is not None for v in values) else None
+    sources = {p.get("pcie_source") for p in phases}
+    out["pcie_source"] = sources.pop() if len(sources) == 1 else ("mixed" if None not in sources else None)
+    if out["pcie_tx_bytes"] is None and out["pcie_rx_bytes"] is None:
+        out["pcie_source"] = None
+    for kind in ("nvlink", "pcie"):
+        tx, rx = out[f"{kind}_tx_bytes"], out[f"{kind}_rx_bytes"]
+        busier = max(tx, rx) if tx is not None and rx is not None else None
+        out[f"{kind}_bytes"] = busier
+        out[f"{kind}_bytes_per_iter"] = busier / iterations if busier is not None and iterations > 0 else None
+    reasons = list(dict.fromkeys(p["reason"] for p in phases if p.get("reason")))
+    out["reason"] = "; ".join(reasons) or None
+    return out

@@ -70,6 +70,10 @@ class Traffic:
     the interconnect for any correct algorithm. memory_bytes: device-memory bytes it must read and
     write at least. flops: arithmetic it must do. payload_bytes and bus_factor give the bus
     bandwidth by the nccl-tests convention: busbw = payload_bytes / time * bus_factor.
+    tf32_flops: of ``flops``, those that PyTorch's defaults run on tensor cores in TF32 when the
+    dtype is float32: convolutions (torch.backends.cudnn.allow_tf32 is on by default; matmuls'
+    allow_tf32 is off). The compute floor counts them at the TF32 rate, else a float32 baseline
+    convolution beats its own floor.
     """
 
     send_bytes: int
@@ -78,6 +82,7 @@ class Traffic:
     flops: int = 0
     payload_bytes: int = 0
     bus_factor: float = 1.0
+    tf32_flops: int = 0
 
     @property
     def wire_bytes(self) -> int:

@@ -156,3 +156,19 @@ def test_the_flag_fires_below_the_model_and_on_waste_in_nccl_mode_only():
         assert traffic_flag(10 * model, model, mode=mode) is None
     assert traffic_flag(None, model, mode="nccl") is None
     assert traffic_flag(123, 0, mode="nccl") is None
+
+
+def test_blocks_of_a_phase_add_up_and_a_missing_block_spoils_the_sum():
+    from collectors.counters import combine_phases
+
+    a = phase(0, 1, 2, iterations=5)
+    b = phase(0, 2, 3, iterations=5)
+    whole = combine_phases([a, b], 10)
+    assert whole["nvlink_tx_bytes"] == a["nvlink_tx_bytes"] + b["nvlink_tx_bytes"]
+    assert whole["pcie_rx_bytes"] == a["pcie_rx_bytes"] + b["pcie_rx_bytes"] and whole["pcie_source"] == "counters"
+    assert whole["links"][1] == a["links"][1] + b["links"][1]
+    assert whole["nvlink_bytes_per_iter"] == pytest.approx(max(whole["nvlink_tx_bytes"], whole["nvlink_rx_bytes"]) / 10)
+    reset = phase(0, 4, 6)  # link 2 TX resets in this block
+    spoiled = combine_phases([a, reset], 15)
+    assert spoiled["nvlink_tx_bytes"] is None and spoiled["links"][2] is None and spoiled["links"][1] is not None
+    assert "backwards" in spoiled["reason"]

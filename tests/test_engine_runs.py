@@ -144,3 +144,20 @@ def test_a_killed_launcher_leaves_an_interrupted_run_and_no_orphan_ranks(tmp_pat
     while _worker_pids(str(runs_dir)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _worker_pids(str(runs_dir)) == []
+
+
+def test_baseline_and_candidate_are_timed_in_alternating_blocks(cli, tmp_db: Path) -> None:
+    # 10 iterations in 5 rounds of 2: B C | C B | B C | C B | B C, so drift over the timing falls on
+    # both variants alike. The rank-0 event file shows the order.
+    import json
+
+    result = cli("run", "--task", "all_reduce", "--model", "torch-p2p", "--world-size", "2", "--mode", "cpu",
+                 "--trials", "1", "--iterations", "10", "--warmup", "1", "--no-profile", "--json")
+    assert result.code == 0, result.err
+    run = result.json()["runs"][0]
+    assert run["baseline"]["iterations"] == 10 and run["candidate"]["iterations"] == 10
+    with Store(tmp_db) as store:
+        batch_dir = Path(store.run(run["id"])["log_path"]).parent
+    events = [json.loads(line) for path in sorted(batch_dir.glob("events.*.jsonl")) for line in path.read_text().splitlines()]
+    order = [e["variant"][0].upper() for e in events if e["event"] == "progress" and e["phase"] == "timing"]
+    assert order == list("BCCBBCCBBC")

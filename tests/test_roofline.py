@@ -178,3 +178,25 @@ def test_all_reduce_bus_bandwidth_matches_nccl_tests_arithmetic():
     assert result.bound == "wire"
     assert result.fraction == pytest.approx(result.bus_bandwidth_gbps / 450.0, rel=1e-6)
     assert math.isclose(result.result_fields()["roofline_fraction"], result.fraction)
+
+
+def test_float32_convolution_flops_count_at_the_tf32_rate_and_matmul_flops_do_not():
+    bw = Bandwidths(link_gbps=450.0, memory_gbps=4800.0, peak_tflops={"float32": 67.0, "tf32": 494.7, "bfloat16": 989.5},
+                    link_source="L", memory_source="M", link_kind="nvlink", compute_source="C")
+    conv = evaluate(Traffic(0, 0, 0, flops=10**12, tf32_flops=10**12), 5000.0, bw, "float32")
+    assert conv.terms_us["compute"] == pytest.approx(1e12 / 494.7e6)
+    assert "TF32 convolutions" in conv.bandwidth_source
+    mixed = evaluate(Traffic(0, 0, 0, flops=3 * 10**12, tf32_flops=10**12), 5000.0, bw, "float32")
+    assert mixed.terms_us["compute"] == pytest.approx(2e12 / 67e6 + 1e12 / 494.7e6)
+    # In bfloat16 the same FLOPs are bfloat16 tensor-core FLOPs: tf32_flops does not apply.
+    bf16 = evaluate(Traffic(0, 0, 0, flops=10**12, tf32_flops=10**12), 5000.0, bw, "bfloat16")
+    assert bf16.terms_us["compute"] == pytest.approx(1e12 / 989.5e6)
+
+
+def test_pipeline_first_stage_does_no_input_gradient_gemm():
+    task = load_task("pp_1f1b_exchange")
+    first = task.traffic(task.context(rank=0, world_size=4, dtype="float32", size="default"))
+    inner = task.traffic(task.context(rank=1, world_size=4, dtype="float32", size="default"))
+    m, t, h = 16, 2048, 4096
+    assert first.flops == 4 * m * t * h * h + 20 * m * t * h
+    assert inner.flops == 6 * m * t * h * h + 20 * m * t * h

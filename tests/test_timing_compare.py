@@ -76,3 +76,11 @@ def test_outputs_aliasing_inputs_or_earlier_outputs_are_flagged() -> None:
     earlier = torch.randn(4)
     assert "earlier call" in find_aliasing((earlier,), [x], [earlier])
     assert find_aliasing(x.clone(), [x], [earlier]) is None
+
+
+def test_rounds_split_the_iterations_evenly_larger_blocks_first() -> None:
+    assert timing.split_rounds(10, 5) == [2, 2, 2, 2, 2]
+    assert timing.split_rounds(12, 5) == [3, 3, 2, 2, 2]
+    assert timing.split_rounds(3, 5) == [1, 1, 1]  # never an empty block
+    assert timing.split_rounds(7, 1) == [7]
+    assert sum(timing.split_rounds(31, 5)) == 31

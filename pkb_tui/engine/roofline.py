@@ -326,9 +326,16 @@ class Roofline:
         }
 
 
-def _peak_for(bandwidths: Bandwidths, dtype: str) -> float | None:
-    # fp32 matmuls may use TF32 when the task enables it; the plain fp32 rate is the honest floor.
-    return bandwidths.peak_tflops.get(dtype)
+def _compute_us(traffic: Traffic, bandwidths: Bandwidths, dtype: str) -> float | None:
+    """Least time for the task's arithmetic: FLOPs at the dtype's dense peak, except that in
+    float32 the FLOPs PyTorch runs in TF32 by default (Traffic.tf32_flops: convolutions) go at
+    the TF32 rate. Plain float32 matmuls stay at the float32 rate: PyTorch keeps TF32 off for them."""
+    peak = bandwidths.peak_tflops.get(dtype)
+    if traffic.flops <= 0 or not peak:
+        return None
+    tf32 = min(traffic.tf32_flops, traffic.flops) if dtype == "float32" else 0
+    tf32_peak = bandwidths.peak_tflops.get("tf32") or peak
+    return (traffic.flops - tf32) / (peak * 1e6) + tf32 / (tf32_peak * 1e6)  # TFLOP/s = 1e6 FLOP/us
 
 
 def evaluate(traffic: Traffic, median_us: float, bandwidths: Bandwidths, dtype: str) -> Roofline:
@@ -341,10 +348,11 @@ def evaluate(traffic: Traffic, median_us: float, bandwidths: Bandwidths, dtype: 
     if traffic.memory_bytes > 0 and bandwidths.memory_gbps:
         terms["memory"] = traffic.memory_bytes / (bandwidths.memory_gbps * 1e3)
         sources["memory"] = bandwidths.memory_source
-    peak = _peak_for(bandwidths, dtype)
-    if traffic.flops > 0 and peak:
-        terms["compute"] = traffic.flops / (peak * 1e6)  # TFLOP/s = 1e6 FLOP/us
-        sources["compute"] = f"{bandwidths.compute_source} ({dtype} peak)"
+    compute_us = _compute_us(traffic, bandwidths, dtype)
+    if compute_us is not None:
+        terms["compute"] = compute_us
+        tf32 = " with TF32 convolutions" if dtype == "float32" and traffic.tf32_flops else ""
+        sources["compute"] = f"{bandwidths.compute_source} ({dtype} peak{tf32})"
 
     valid_time = median_us is not None and math.isfinite(median_us) and median_us > 0
     if terms:

@@ -6,7 +6,7 @@ GPU: a device event pair around every iteration; the whole device is synchronize
 closing event, so work a variant hides on other streams is counted. CPU: a monotonic clock.
 Ranks are aligned by a barrier (on the control group) before every iteration, outside the timed
 window. The reported figure is, per iteration, the slowest rank; then median and spread over
-iterations.
+iterations. The worker times baseline and candidate in alternating blocks (``split_rounds``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,17 @@ _event_record = torch.cuda.Event.record
 _event_synchronize = torch.cuda.Event.synchronize
 _event_elapsed_ms = torch.cuda.Event.elapsed_time
 _cuda_synchronize = torch.cuda.synchronize
+
+
+# Interleaved timing: the variants of an item take turns in this many blocks (see worker).
+ROUNDS = 5
+
+
+def split_rounds(iterations: int, rounds: int) -> list[int]:
+    """``iterations`` split into at most ``rounds`` blocks as even as can be, the larger first."""
+    rounds = max(1, min(rounds, iterations))
+    base, extra = divmod(iterations, rounds)
+    return [base + (1 if k < extra else 0) for k in range(rounds)]
 
 
 @dataclass

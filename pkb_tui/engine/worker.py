@@ -33,6 +33,7 @@ from pkb_tui.engine import events as ev
 from pkb_tui.engine.compare import Comparison, compare_outputs, find_aliasing, poison_free_memory, tensors_in
 from pkb_tui.engine.modes import backend_for
 from pkb_tui.engine.request import RunItem, RunRequest
+from collectors.counters import combine_phases
 from tasks.base import Task, load_task
 
 _now = time.time  # bound before candidates, like the clocks in timing
@@ -40,6 +41,17 @@ _now = time.time  # bound before candidates, like the clocks in timing
 
 class _CandidateError(Exception):
     """The candidate raised, or its module could not be loaded (message is for the user)."""
+
+
+class _Timed:
+    """One variant's state through the interleaved timing rounds."""
+
+    def __init__(self, variant: str, fn: Callable, input_sets: list, counters: Any) -> None:
+        self.variant, self.fn, self.input_sets, self.counters = variant, fn, input_sets, counters
+        self.samples: list[float] = []
+        self.phases: list[dict] = []
+        self.kept: list[Any] = []
+        self.failure: str | None = None
 
 
 class Rank:
@@ -234,14 +246,11 @@ class Rank:
 
         status = "passed" if all_correct else "failed"
         if req.timing:
-            variants = req.extra.get("variants", ["baseline", "candidate"])
-            for variant in variants:
-                if variant == "candidate" and not all_correct:
-                    continue  # an incorrect candidate's time means nothing
-                fn = task.baseline if variant == "baseline" else candidate
-                timed_ok = self._time_variant(item, task, variant, fn, tol)
-                if not timed_ok:
-                    status = "failed"
+            # An incorrect candidate's time means nothing: then only the baseline is timed.
+            variants = [(v, task.baseline if v == "baseline" else candidate)
+                        for v in req.extra.get("variants", ["baseline", "candidate"]) if v != "candidate" or all_correct]
+            if variants and not self._time_variants(item, task, variants, tol):
+                status = "failed"
         if req.profile:
             for variant in ("baseline", "candidate"):
                 if variant == "candidate" and not all_correct:
@@ -308,59 +317,85 @@ class Rank:
             return 1
         return min(16, math.ceil(2 * l2_bytes / size))
 
-    def _time_variant(self, item: RunItem, task: Task, variant: str, fn: Callable, tol) -> bool:
+    def _time_variants(self, item: RunItem, task: Task, variants: list[tuple[str, Callable]], tol) -> bool:
+        """Time the variants interleaved: each warms up, then in every one of ``timing.rounds``
+        rounds each variant times a block of iterations, the order alternating round by round
+        (B C, C B, ...). Drift over the timing (clocks, heat, a neighbour process) then falls on
+        every variant alike instead of on whichever ran second. Each variant has its own input
+        copies and byte counters (read around its blocks only). False if a variant failed: it
+        raised while timed, or the candidate's timed outputs were wrong."""
         req = self.request
-        self.emit(ev.Progress(item=item.index, phase="timing", variant=variant))
         ctx = task.context(rank=self.rank, world_size=self.world_size, dtype=req.dtype, size=req.size,
                            seed=_trial_seed(req.seed, item.task, "timing"), device=self.device, mode=self.mode)
         inputs = task.make_inputs(ctx)
         copies = self._input_copies(inputs)
-        input_sets = [_clone(inputs) for _ in range(copies)]
-        expected = task.baseline(*_clone(inputs)) if variant == "candidate" else None
-        counters = _phase_counters(self.device)
-        failure = None
-        try:
-            samples, kept = timing.time_iterations(
-                lambda i: fn(*input_sets[i % copies]), iterations=req.iterations, warmup=req.warmup,
-                device=self.device, barrier=self.barrier, keep_last=min(copies, req.iterations) if variant == "candidate" else 0,
-                on_start=counters.start if counters is not None else None,
-                between=counters.tick if counters is not None else None,
-            )
-            link = counters.stop(req.iterations) if counters is not None else None
-        except BaseException as exc:
-            failure = f"{variant} raised during timing on rank {self.rank}: {type(exc).__name__}: {exc}"
-            traceback.print_exc()
-            samples, kept, link = [], [], None
-        failures = self.agree(failure)
-        if any(failures):
-            message = next(f for f in failures if f)
-            self.emit(ev.Error(item=item.index, where=f"timing {variant}", message=message))
-            return False
-        all_samples = self.gather(samples)
-        link_all = self.gather(link)
-        if self.rank == 0:
-            stats = timing.summarize(all_samples)
-            self.emit(ev.Timing(
-                item=item.index, variant=variant, median_us=stats.median_us, p10_us=stats.p10_us,
-                p90_us=stats.p90_us, mean_us=stats.mean_us, min_us=stats.min_us, max_us=stats.max_us,
-                iterations=stats.iterations, input_copies=copies,
-                per_rank_median_us=[timing.percentile(sorted(s), 50) for s in all_samples],
-            ))
-            if any(l is not None for l in link_all):
-                self.emit(ev.LinkBytes(
-                    item=item.index, variant=variant, iterations=req.iterations + req.warmup,
-                    nvlink_bytes_per_iter=_max_field(link_all, "nvlink_bytes_per_iter"),
-                    pcie_bytes_per_iter=_max_field(link_all, "pcie_bytes_per_iter"),
-                    per_rank=[l or {} for l in link_all],
+        timed = [_Timed(variant, fn, [_clone(inputs) for _ in range(copies)], _phase_counters(self.device))
+                 for variant, fn in variants]
+        expected = task.baseline(*_clone(inputs)) if any(t.variant == "candidate" for t in timed) else None
+        del inputs
+        blocks = timing.split_rounds(req.iterations, timing.ROUNDS)
+        done = 0
+        for round_index, block in enumerate(blocks):
+            last_round = round_index == len(blocks) - 1
+            for t in (timed if round_index % 2 == 0 else timed[::-1]):
+                if t.failure is not None:
+                    continue
+                self.emit(ev.Progress(item=item.index, phase="timing", variant=t.variant))
+                failure = None
+                try:
+                    samples, kept = timing.time_iterations(
+                        lambda i, t=t, offset=done: t.fn(*t.input_sets[(offset + i) % copies]),
+                        iterations=block, warmup=req.warmup if round_index == 0 else 0, device=self.device,
+                        barrier=self.barrier, keep_last=min(copies, block) if t.variant == "candidate" and last_round else 0,
+                        on_start=t.counters.start if t.counters is not None else None,
+                        between=t.counters.tick if t.counters is not None else None,
+                    )
+                    if t.counters is not None:
+                        t.phases.append(t.counters.stop(block))
+                    t.samples += samples
+                    t.kept = kept
+                except BaseException as exc:
+                    failure = f"{t.variant} raised during timing on rank {self.rank}: {type(exc).__name__}: {exc}"
+                    traceback.print_exc()
+                failures = self.agree(failure)
+                if any(failures):
+                    t.failure = next(f for f in failures if f)
+                    t.samples, t.phases, t.kept = [], [], []
+                    self.emit(ev.Error(item=item.index, where=f"timing {t.variant}", message=t.failure))
+            done += block
+
+        ok = True
+        for t in timed:
+            t.input_sets = []
+            if t.failure is not None:
+                ok = False
+                continue
+            all_samples = self.gather(t.samples)
+            link_all = self.gather(combine_phases(t.phases, req.iterations) if t.counters is not None else None)
+            if self.rank == 0:
+                stats = timing.summarize(all_samples)
+                self.emit(ev.Timing(
+                    item=item.index, variant=t.variant, median_us=stats.median_us, p10_us=stats.p10_us,
+                    p90_us=stats.p90_us, mean_us=stats.mean_us, min_us=stats.min_us, max_us=stats.max_us,
+                    iterations=stats.iterations, input_copies=copies,
+                    per_rank_median_us=[timing.percentile(sorted(s), 50) for s in all_samples],
                 ))
-        if variant != "candidate":
-            return True
-        # The outputs of the timed iterations must be right too (a candidate that is only right
-        # when checked, or races across iterations, fails here).
-        cmp = Comparison(True, 0.0, 0.0)
-        for out in kept:
-            cmp = cmp.merge(compare_outputs(out, expected, tol, "timed output"))
-        return self._report_trial(item, -1, cmp)
+                if any(l is not None for l in link_all):
+                    self.emit(ev.LinkBytes(
+                        item=item.index, variant=t.variant, iterations=req.iterations,
+                        nvlink_bytes_per_iter=_max_field(link_all, "nvlink_bytes_per_iter"),
+                        pcie_bytes_per_iter=_max_field(link_all, "pcie_bytes_per_iter"),
+                        per_rank=[l or {} for l in link_all],
+                    ))
+            if t.variant == "candidate":
+                # The outputs of the timed iterations must be right too (a candidate that is only
+                # right when checked, or races across iterations, fails here).
+                cmp = Comparison(True, 0.0, 0.0)
+                for out in t.kept:
+                    cmp = cmp.merge(compare_outputs(out, expected, tol, "timed output"))
+                t.kept = []
+                ok = self._report_trial(item, -1, cmp) and ok
+        return ok
 
     def _profile_variant(self, item: RunItem, task: Task, variant: str, fn: Callable) -> None:
         try:
