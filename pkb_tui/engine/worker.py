@@ -428,7 +428,9 @@ class Rank:
 
 
 def _phase_counters(device: torch.device):
-    if device.type != "cuda":
+    """This rank's byte counters; none off the GPU, or with PKB_PHASE_COUNTERS=0 (to see what
+    reading them costs the timings)."""
+    if device.type != "cuda" or os.environ.get("PKB_PHASE_COUNTERS", "1") == "0":
         return None
     try:
         from collectors.counters import PhaseCounters
