@@ -200,3 +200,12 @@ def test_pipeline_first_stage_does_no_input_gradient_gemm():
     m, t, h = 16, 2048, 4096
     assert first.flops == 4 * m * t * h * h + 20 * m * t * h
     assert inner.flops == 6 * m * t * h * h + 20 * m * t * h
+
+
+def test_a_runs_stored_traffic_keeps_the_tf32_share(cli, tmp_db):
+    # The launcher folds the ranks' models into one; the TF32 share of the FLOPs must survive it.
+    result = cli("run", "--task", "stencil_halo_exchange", "--model", "baseline", "--world-size", "2", "--mode", "cpu",
+                 "--size", "small", "--trials", "1", "--iterations", "2", "--warmup", "1", "--no-profile", "--json")
+    assert result.code == 0, result.err
+    traffic = result.json()["runs"][0]["baseline"]["traffic"]
+    assert traffic["flops"] > 0 and traffic["tf32_flops"] == traffic["flops"]

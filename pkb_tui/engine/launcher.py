@@ -405,10 +405,15 @@ class Launcher:
             ]
         except Exception:
             return None
+        # The floor's terms each grow with one quantity, so the busiest rank's floor is the floor of
+        # the per-quantity maxima; the compute term weighs flops by their TF32 share, so flops and
+        # tf32_flops come from one rank, the one with the most arithmetic.
+        arithmetic = max(per_rank, key=lambda t: t.flops)
         return Traffic(
             send_bytes=max(t.send_bytes for t in per_rank), recv_bytes=max(t.recv_bytes for t in per_rank),
-            memory_bytes=max(t.memory_bytes for t in per_rank), flops=max(t.flops for t in per_rank),
+            memory_bytes=max(t.memory_bytes for t in per_rank), flops=arithmetic.flops,
             payload_bytes=max(t.payload_bytes for t in per_rank), bus_factor=per_rank[0].bus_factor,
+            tf32_flops=arithmetic.tf32_flops,
         )
 
     def _roofline(self, traffic: Traffic | None, median_us: float, request: RunRequest) -> dict[str, Any]:
