@@ -128,7 +128,24 @@ class Telemetry:
             now = time.monotonic()
             if next_at < now:
                 next_at = now  # overran: start the next sample late rather than bunch them up
-            self._stop.wait(next_at - now)
+            self._wait_until(next_at)
+
+    def _wait_until(self, deadline: float) -> None:
+        """Sleep until ``deadline`` (or stop); meanwhile keep 32-bit PCIe counters unwrapped on GPUs
+        without GPM, whose counters may wrap twice between samples slower than ~10 Hz."""
+        step = self.gpu.pcie_step_interval_s() if self.gpu is not None else None
+        while True:
+            left = deadline - time.monotonic()
+            if step is None or left <= step:
+                self._stop.wait(max(0.0, left))
+                return
+            if self._stop.wait(step):
+                return
+            with self._lock:
+                try:
+                    self.gpu.pcie_step()
+                except Exception as exc:  # a failed read only costs that step; the next sample says so
+                    self.error = f"{type(exc).__name__}: {exc}"
 
     def start(self) -> "Telemetry":
         if self._thread is None:

@@ -307,3 +307,44 @@ def test_a_real_h200_recording_replays_as_the_box_answered():
     # ~61 ms): forced onto them, the sampler gives no PCIe rate rather than a wrong one.
     forced, _, _ = run(recorded, 10, gpm=False, pcie_counters=True)
     assert all(forced[k][0].pcie_rx_bytes_per_s is None for k in range(1, 10))
+
+
+def test_pcie_steps_between_samples_keep_slow_samples_exact(trace):
+    # The A100 stand-in (GPU 1: Gen4, no GPM) sampled every 150 ms, beyond its ~122 ms wrap-safe
+    # window, with pcie_step() at each 50 ms tick in between (what the telemetry thread does):
+    # the rate is the sum of the unwrapped steps over NVML's timestamps, TX wrap included.
+    replay = ReplayNvml(trace)
+    sampler = NvmlSampler(nvml=replay, clock=replay.clock)
+    assert sampler.pcie_step_interval_s() == pytest.approx(pcie_wrap_safe_s(4, 16) / 2)  # only GPU 1 needs steps
+    sampler.sample()  # tick 0
+    reads = replay.calls["nvmlDeviceGetFieldValues"]
+    sampler.pcie_step()  # tick 0 still: not due, nothing read
+    assert replay.calls["nvmlDeviceGetFieldValues"] == reads
+    for _ in range(2):
+        replay.step()
+        sampler.pcie_step()  # ticks 1 and 2: 50 ms each, not yet due at tick 1 (< 61 ms) ...
+    replay.step(2)  # ... tick 4: a sample 200 ms after the first, TX wrapped between 3 and 4
+    rate = sampler.sample()[1].pcie_tx_bytes_per_s
+    steps = [0, 2, 4]
+    expected = sum((field(trace, 1, b, "197:0") - field(trace, 1, a, "197:0")) % 2**32
+                   for a, b in zip(steps, steps[1:])) / dt_s(trace, 1, 0, 4)
+    assert rate == pytest.approx(expected)
+    # The same 200 ms with no step in between: no figure (two wraps may hide in one delta).
+    replay = ReplayNvml(trace)
+    sampler = NvmlSampler(nvml=replay, clock=replay.clock)
+    sampler.sample()
+    replay.step(4)
+    assert sampler.sample()[1].pcie_tx_bytes_per_s is None
+
+
+def test_the_telemetry_thread_steps_the_pcie_counters_while_it_waits(trace):
+    from collectors.telemetry import Telemetry
+    import time
+
+    telemetry = Telemetry(None, interval_s=1.0, record=False, nvml=ReplayNvml(trace))
+    calls = []
+    telemetry.gpu.pcie_step = lambda: calls.append(1)
+    step = telemetry.gpu.pcie_step_interval_s()
+    telemetry._wait_until(time.monotonic() + 2.5 * step)  # longer than a step: at least one is due
+    assert calls
+    telemetry.stop()
