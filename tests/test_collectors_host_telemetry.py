@@ -170,6 +170,9 @@ class _SlowGpu:
             self.calls += 1
         return []
 
+    def pcie_step_interval_s(self):
+        return None  # no GPU read through its 32-bit PCIe counters
+
     def close(self):
         pass
 
