@@ -229,14 +229,7 @@ class PhaseCounters:
             out["pcie_tx_bytes"] = _bytes(gpm_values.pcie_tx_bytes_per_s, elapsed_s)
             out["pcie_rx_bytes"] = _bytes(gpm_values.pcie_rx_bytes_per_s, elapsed_s)
             out["pcie_source"] = "gpm"
-        if out["pcie_tx_bytes"] is None and out["pcie_rx_bytes"] is None:
-            out["pcie_source"] = None
-
-        for kind in ("nvlink", "pcie"):
-            tx, rx = out[f"{kind}_tx_bytes"], out[f"{kind}_rx_bytes"]
-            busier = max(tx, rx) if tx is not None and rx is not None else None
-            out[f"{kind}_bytes"] = busier
-            out[f"{kind}_bytes_per_iter"] = busier / iterations if busier is not None and iterations > 0 else None
+        _busier_per_iteration(out, iterations)
         out["reason"] = self._why_missing(gpu, out, elapsed_s)
         return out
 
@@ -259,6 +252,18 @@ class PhaseCounters:
             gpm = "no GPM" if self._gpm is None else short if gpm_short else "GPM gave no PCIe rate"
             reasons.append(f"{counters} and {gpm}: no PCIe figure")
         return "; ".join(reasons) or None
+
+
+def _busier_per_iteration(out: dict[str, Any], iterations: int) -> None:
+    """Fill nvlink_bytes / pcie_bytes (the busier direction: links are full duplex) and their
+    per-iteration figures from the tx / rx sums; no PCIe bytes, no PCIe source."""
+    if out["pcie_tx_bytes"] is None and out["pcie_rx_bytes"] is None:
+        out["pcie_source"] = None
+    for kind in ("nvlink", "pcie"):
+        tx, rx = out[f"{kind}_tx_bytes"], out[f"{kind}_rx_bytes"]
+        busier = max(tx, rx) if tx is not None and rx is not None else None
+        out[f"{kind}_bytes"] = busier
+        out[f"{kind}_bytes_per_iter"] = busier / iterations if busier is not None and iterations > 0 else None
 
 
 def _bytes(rate: float | None, seconds: float) -> int | None:
@@ -306,13 +311,7 @@ def combine_phases(phases: list[dict[str, Any]], iterations: int) -> dict[str, A
         out["links"][link] = sum(values) if all(v is not None for v in values) else None
     sources = {p.get("pcie_source") for p in phases}
     out["pcie_source"] = sources.pop() if len(sources) == 1 else ("mixed" if None not in sources else None)
-    if out["pcie_tx_bytes"] is None and out["pcie_rx_bytes"] is None:
-        out["pcie_source"] = None
-    for kind in ("nvlink", "pcie"):
-        tx, rx = out[f"{kind}_tx_bytes"], out[f"{kind}_rx_bytes"]
-        busier = max(tx, rx) if tx is not None and rx is not None else None
-        out[f"{kind}_bytes"] = busier
-        out[f"{kind}_bytes_per_iter"] = busier / iterations if busier is not None and iterations > 0 else None
+    _busier_per_iteration(out, iterations)
     reasons = list(dict.fromkeys(p["reason"] for p in phases if p.get("reason")))
     out["reason"] = "; ".join(reasons) or None
     return out
