@@ -161,3 +161,20 @@ def test_baseline_and_candidate_are_timed_in_alternating_blocks(cli, tmp_db: Pat
     events = [json.loads(line) for path in sorted(batch_dir.glob("events.*.jsonl")) for line in path.read_text().splitlines()]
     order = [e["variant"][0].upper() for e in events if e["event"] == "progress" and e["phase"] == "timing"]
     assert order == list("BCCBBCCBBC")
+
+
+def test_a_candidate_that_raises_while_timed_fails_and_the_baseline_timing_survives(cli, tmp_db: Path) -> None:
+    # Trials 1-2 pass, the warm-up is call 3, the first timed block calls 4 and 5: it raises there,
+    # on both ranks. The run is failed with the candidate's message; the baseline, timed in the
+    # same interleaved rounds, keeps all its iterations.
+    result = cli("run", "--task", "all_reduce", "--model", fixture_model("raise-in-timing"), "--world-size", "2",
+                 "--mode", "cpu", "--trials", "2", "--iterations", "10", "--warmup", "1", "--no-profile", "--json")
+    assert result.code == 1, result.err
+    run = result.json()["runs"][0]
+    assert run["status"] == "failed" and run["correct"] is False  # it raised: not a correct candidate
+    assert run["candidate"]["trials_passed"] == 2  # though every checked trial was right
+    assert run["baseline"]["iterations"] == 10 and run["baseline"]["median_us"] > 0
+    assert not run.get("candidate", {}).get("median_us")
+    with Store(tmp_db) as store:
+        detail = store.run(run["id"])["status_detail"] or ""
+    assert "candidate raised during timing" in detail and "out of scratch buffers" in detail
