@@ -1,9 +1,9 @@
 """Host sampler, for machines without NVML (a laptop, CI): CPU, memory, loopback traffic.
 
 One GpuSample per call with gpu = -1: overall CPU use (0..100 over all cores), host memory in use,
-and loopback bytes/s (interface 'lo': what gloo moves between ranks on one machine). Per-rank CPU
-use (100 = one full core, as top shows it) is kept in ``process_cpu_pct`` for the ranks' pids: the
-samples table has no per-process column, so it lives in memory for the live view.
+and loopback bytes/s (interface 'lo': what gloo moves between ranks on one machine); its ``ranks``
+hold each rank process's CPU use (100 = one full core, as top shows it), for the pids given in rank
+order (``set_pids``), also kept in ``process_cpu_pct``.
 
 The kernel counts CPU time in 10 ms jiffies, so rates are taken over a sliding window of about
 half a second whatever the sampling rate: at 100 Hz a 10 ms delta would read 0 % or 100 %.
@@ -19,7 +19,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable
 
-from collectors.sample import GpuSample
+from collectors.sample import GpuSample, RankCpu
 
 NO_GPU_REASON = "no NVIDIA GPU found"
 WINDOW_S = 0.5  # rates span about this much time
@@ -99,6 +99,7 @@ class HostSampler:
         return True
 
     def set_pids(self, pids: Iterable[int]) -> None:
+        """The rank processes to follow, in rank order (pids[r] is rank r)."""
         self.pids = list(pids)
         self._procs = {p: self._procs.get(p) or _Window() for p in self.pids}
         self._ps_procs = {p: v for p, v in self._ps_procs.items() if p in self.pids}
@@ -125,6 +126,7 @@ class HostSampler:
         return [GpuSample(
             ts=time.time(), gpu=-1, cpu_pct=cpu_pct, host_memory_used_bytes=self._memory_used(now),
             loopback_bytes_per_s=loopback,
+            ranks=[RankCpu(rank, pid, process_cpu_pct[pid]) for rank, pid in enumerate(self.pids)],
         )]
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """The records every sampler produces and every reader (sink, TUI, monitor) consumes.
 
 A field that the device or host cannot measure is None ("not available"), never 0.
-Field names match the samples / link_samples columns of pkb_tui/store/schema.py.
+Field names match the samples / link_samples / rank_samples columns of pkb_tui/store/schema.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,15 @@ class LinkSample:
     link: int
     tx_bytes_per_s: float | None = None
     rx_bytes_per_s: float | None = None
+
+
+@dataclass
+class RankCpu:
+    """CPU use of one rank process (100 = one full core, as top shows it)."""
+
+    rank: int
+    pid: int
+    cpu_pct: float | None = None
 
 
 @dataclass
@@ -38,6 +47,7 @@ class GpuSample:
     loopback_bytes_per_s: float | None = None
     links: list[LinkSample] = field(default_factory=list)
     run_id: int | None = None
+    ranks: list[RankCpu] = field(default_factory=list)  # host rows only: the run's rank processes
 
 
 SAMPLE_COLUMNS = (

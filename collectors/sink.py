@@ -27,6 +27,8 @@ _SAMPLE_HEAD = f"INSERT INTO samples (ts, host_id, run_id, gpu, {', '.join(SAMPL
 _SAMPLE_WIDTH = 4 + len(SAMPLE_COLUMNS)
 _LINK_HEAD = "INSERT INTO link_samples (ts, run_id, gpu, link, tx_bytes_per_s, rx_bytes_per_s) VALUES "
 _LINK_WIDTH = 6
+_RANK_HEAD = "INSERT INTO rank_samples (ts, run_id, rank, pid, cpu_pct) VALUES "
+_RANK_WIDTH = 5
 _sample_fields = operator.attrgetter("run_id", "gpu", *SAMPLE_COLUMNS)
 _ROWS_PER_STATEMENT = 500  # more buys nothing measurable
 
@@ -115,9 +117,10 @@ def _open_for_writing(db_path: str | Path) -> sqlite3.Connection:
 
 
 def write_samples(conn: sqlite3.Connection, samples: list[GpuSample], host_id: int | None = None) -> tuple[int, int]:
-    """Insert samples and their links in one transaction; returns (sample rows, link rows)."""
+    """Insert samples, their links and their ranks in one transaction; returns (sample rows, link rows)."""
     values: list = []
     link_values: list = []
+    rank_values: list = []
     extend, extend_links = values.extend, link_values.extend
     for s in samples:
         extend((s.ts, host_id))
@@ -125,11 +128,16 @@ def write_samples(conn: sqlite3.Connection, samples: list[GpuSample], host_id: i
         if s.links:
             for link in s.links:
                 extend_links((s.ts, s.run_id, s.gpu, link.link, link.tx_bytes_per_s, link.rx_bytes_per_s))
+        if s.ranks:
+            for rank in s.ranks:
+                rank_values.extend((s.ts, s.run_id, rank.rank, rank.pid, rank.cpu_pct))
     conn.execute("BEGIN IMMEDIATE")
     try:
         _insert_many(conn, _SAMPLE_HEAD, _SAMPLE_WIDTH, values)
         if link_values:
             _insert_many(conn, _LINK_HEAD, _LINK_WIDTH, link_values)
+        if rank_values:
+            _insert_many(conn, _RANK_HEAD, _RANK_WIDTH, rank_values)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
@@ -296,11 +304,16 @@ def apply_retention(
         "SELECT AVG(ts), run_id, gpu, link, '1s', AVG(tx_bytes_per_s), AVG(rx_bytes_per_s) FROM link_samples "
         f"WHERE {window} GROUP BY run_id, gpu, link, CAST(ts AS INTEGER)"
     )
+    fold_ranks = (
+        "INSERT INTO rank_samples (ts, run_id, rank, pid, resolution, cpu_pct) "
+        "SELECT AVG(ts), run_id, rank, pid, '1s', AVG(cpu_pct) FROM rank_samples "
+        f"WHERE {window} GROUP BY run_id, rank, pid, CAST(ts AS INTEGER)"
+    )
 
     def next_raw(after: float) -> float | None:
         found = [
             conn.execute(f"SELECT ts FROM {table} WHERE resolution = 'raw' AND ts >= ? ORDER BY ts LIMIT 1", (after,)).fetchone()
-            for table in ("samples", "link_samples")
+            for table in ("samples", "link_samples", "rank_samples")
         ]
         times = [row[0] for row in found if row is not None]
         return math.floor(min(times)) if times else None
@@ -318,6 +331,8 @@ def apply_retention(
                 replaced += conn.execute(f"DELETE FROM samples WHERE {window}", (start, end)).rowcount
                 conn.execute(fold_links, (start, end))
                 conn.execute(f"DELETE FROM link_samples WHERE {window}", (start, end))
+                conn.execute(fold_ranks, (start, end))
+                conn.execute(f"DELETE FROM rank_samples WHERE {window}", (start, end))
             except BaseException:
                 if not outer:
                     conn.execute("ROLLBACK")

@@ -315,7 +315,8 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         run = store.run(args.run_id)
     summary = _run_summary(run)
     if args.json:
-        json.dump({**summary, "trials": run["trial_results"], "kernels": run["kernels"], "host": run["host"]}, out, indent=2, default=_json_default)
+        json.dump({**summary, "trials": run["trial_results"], "kernels": run["kernels"], "host": run["host"],
+                   "rank_cpu": run["rank_cpu"]}, out, indent=2, default=_json_default)
         out.write("\n")
         return EXIT_OK
     out.write(f"run {run['id']}: {run['task_id']} / {run['model']}  {STATUS_MARKS.get(run['status'], '?')} {run['status']}\n")
@@ -334,6 +335,9 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         rows = [(k["variant"], str(k["rank"]), k["category"], k["name"][:60], str(k["calls"]), _num(k["total_us"]))
                 for k in run["kernels"] if k["rank"] == 0][:12]
         _print_table(("variant", "rank", "category", "kernel", "calls", "total µs"), rows, out)
+    if run["rank_cpu"]:
+        out.write("  CPU per rank (mean / peak, 100% = one core): " + ", ".join(
+            f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]) + "\n")
     if run.get("log_path"):
         out.write(f"  log: {run['log_path']}\n")
     return EXIT_OK if run["status"] == "passed" else EXIT_CANDIDATE_FAILED

@@ -98,6 +98,17 @@ def test_a_host_without_gpus_shows_its_own_row_and_says_why():
     assert panel.build_lines(None, 80)[0].plain.startswith("no live telemetry")
 
 
+def test_each_ranks_cpu_use_shows_under_the_host_row():
+    from collectors.sample import GpuSample, RankCpu
+    from collectors.sink import RingBuffer
+
+    ring = RingBuffer()
+    ring.append([GpuSample(ts=1.0, gpu=-1, cpu_pct=80.0, ranks=[RankCpu(0, 11, 97.4), RankCpu(1, 12, None)])])
+    lines = TelemetryPanel().build_lines(FakeTelemetry(ring, source="host", reason="no NVIDIA GPU found"), 80)
+    assert lines[-2].plain.startswith("host")
+    assert lines[-1].plain.strip().startswith("ranks' CPU") and "r0 97%" in lines[-1].plain and "r1 n/a" in lines[-1].plain
+
+
 def test_log_tail_reads_only_the_end(tmp_path):
     log = tmp_path / "run.log"
     log.write_text("".join(f"line {i}\n" for i in range(10_000)))

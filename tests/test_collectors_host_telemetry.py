@@ -58,6 +58,7 @@ def test_proc_figures_are_exact_deltas(tmp_path):
     assert sample.loopback_bytes_per_s == pytest.approx(2_000_000.0)
     assert sample.host_memory_used_bytes == (16_000_000 - 3_000_000) * 1024
     assert host.process_cpu_pct[4242] == pytest.approx(75.0)
+    assert [(r.rank, r.pid, r.cpu_pct) for r in sample.ranks] == [(0, 4242, pytest.approx(75.0))]  # rank 0's process
     assert sample.nvlink_tx_bytes_per_s is None and sample.power_w is None  # no GPU figures, not zeros
     assert host.reason == "no NVIDIA GPU found"
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from collectors.sample import GpuSample, LinkSample
+from collectors.sample import GpuSample, LinkSample, RankCpu
 from collectors.sink import RingBuffer, SampleSink, apply_retention
 from pkb_tui.store.store import Store, connect
 
@@ -116,33 +116,42 @@ def test_close_writes_what_is_still_queued_and_later_puts_are_ignored(db):
 def test_retention_replaces_old_raw_rows_by_per_second_averages(db):
     with SampleSink(db) as sink:
         samples = []
-        for tenth in range(100):  # 10 s at 10 Hz, two GPUs, from t = 10000
+        for tenth in range(100):  # 10 s at 10 Hz, two GPUs and the host row, from t = 10000
             ts = 10_000 + tenth / 10
             for g in (0, 1):
                 s = gpu_sample(ts, g, tx=float(tenth) if g == 0 else None, links=1)
                 s.power_w = 100.0 + tenth % 10
                 samples.append(s)
+            host = GpuSample(ts=ts, gpu=-1, run_id=3, ranks=[RankCpu(0, 4242, 90.0 + tenth % 10), RankCpu(1, 4243, None)])
+            samples.append(host)
         sink.put(samples)
         sink.flush()
-    conn = Store(db).conn
+    store = Store(db)
+    conn = store.conn
+    assert [(r["rank"], r["pid"], r["samples"]) for r in store.run_rank_cpu(3)] == [(0, 4242, 100)]  # rank 1: no figure
+    assert store.run_rank_cpu(3)[0]["mean_pct"] == pytest.approx(94.5)
     replaced = apply_retention(conn, raw_keep_s=5.5, now=10_010.0)  # cut at floor(10004.5) = 10004
-    assert replaced == 4 * 10 * 2  # seconds 10000..10003, 10 raw rows per GPU each
+    assert replaced == 4 * 10 * 3  # seconds 10000..10003, 10 raw rows per GPU (and host) each
     rows = conn.execute(
-        "SELECT gpu, ts, nvlink_tx_bytes_per_s, power_w FROM samples WHERE resolution='1s' ORDER BY gpu, ts"
+        "SELECT gpu, ts, nvlink_tx_bytes_per_s, power_w FROM samples WHERE resolution='1s' AND gpu >= 0 ORDER BY gpu, ts"
     ).fetchall()
     assert len(rows) == 4 * 2
+    ranks = conn.execute("SELECT rank, cpu_pct FROM rank_samples WHERE resolution='1s' ORDER BY rank, ts").fetchall()
+    assert [(r["rank"], r["cpu_pct"]) for r in ranks] == [(0, pytest.approx(94.5))] * 4 + [(1, None)] * 4
+    assert conn.execute("SELECT COUNT(*) FROM rank_samples WHERE resolution='raw'").fetchone()[0] == 2 * 60
+    assert store.run_rank_cpu(3)[0]["mean_pct"] == pytest.approx(94.5)  # the averages keep the mean
     gpu0 = [r for r in rows if r["gpu"] == 0]
     assert [r["nvlink_tx_bytes_per_s"] for r in gpu0] == pytest.approx([4.5, 14.5, 24.5, 34.5])
     assert all(10_000 + k <= r["ts"] < 10_001 + k for k, r in enumerate(gpu0))
     assert all(r["power_w"] == pytest.approx(104.5) for r in rows)
     assert all(r["nvlink_tx_bytes_per_s"] is None for r in rows if r["gpu"] == 1)  # NULL stays NULL
-    assert conn.execute("SELECT COUNT(*) FROM samples WHERE resolution='raw'").fetchone()[0] == 200 - 80
+    assert conn.execute("SELECT COUNT(*) FROM samples WHERE resolution='raw'").fetchone()[0] == 300 - 120
     assert conn.execute("SELECT MIN(ts) FROM samples WHERE resolution='raw'").fetchone()[0] >= 10_004
     links = conn.execute("SELECT COUNT(*), AVG(tx_bytes_per_s) FROM link_samples WHERE resolution='1s'").fetchone()
     assert links[0] == 8 and links[1] == pytest.approx(1e8)
     # A second pass at the same moment finds nothing more to fold.
     assert apply_retention(conn, raw_keep_s=5.5, now=10_010.0) == 0
-    assert conn.execute("SELECT COUNT(*) FROM samples WHERE resolution='1s'").fetchone()[0] == 8
+    assert conn.execute("SELECT COUNT(*) FROM samples WHERE resolution='1s'").fetchone()[0] == 12
 
 
 def test_retention_accepts_a_path(db):

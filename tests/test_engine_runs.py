@@ -178,3 +178,18 @@ def test_a_candidate_that_raises_while_timed_fails_and_the_baseline_timing_survi
     with Store(tmp_db) as store:
         detail = store.run(run["id"])["status_detail"] or ""
     assert "candidate raised during timing" in detail and "out of scratch buffers" in detail
+
+
+def test_each_ranks_cpu_use_is_recorded_with_the_run(cli, tmp_db: Path) -> None:
+    # The ranks report their pids at start; the launcher's host sampler follows them in rank order
+    # and the sink stores one row per rank and sample, stamped with the current run.
+    result = cli("run", "--task", "all_reduce", "--model", "baseline", "--world-size", "2", "--mode", "cpu",
+                 "--trials", "1", "--iterations", "300", "--warmup", "1", "--no-profile", "--json")
+    assert result.code == 0, result.err
+    run_id = result.json()["runs"][0]["id"]
+    shown = cli("show", str(run_id), "--json").json()
+    ranks = shown["rank_cpu"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert len({r["pid"] for r in ranks}) == 2 and os.getpid() not in {r["pid"] for r in ranks}
+    assert all(r["samples"] > 0 and r["mean_pct"] > 0 for r in ranks)  # busy in the timed loop
+    assert "CPU per rank" in cli("show", str(run_id)).out

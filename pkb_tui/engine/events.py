@@ -32,6 +32,7 @@ class BatchStarted(Event):
     timings_representative: bool = True
     mps_enabled: bool | None = None
     notes: list[str] = field(default_factory=list)
+    rank_pids: list[int] = field(default_factory=list)  # rank_pids[r]: the process of rank r
 
 
 @dataclass

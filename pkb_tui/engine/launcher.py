@@ -240,8 +240,8 @@ class Launcher:
             state = states.get(item_index) if item_index is not None else None
             if isinstance(event, ev.BatchStarted):
                 self._on_batch_started(store, states, items, event)
-                if self.telemetry is not None and self._proc is not None:
-                    self.telemetry.set_rank_pids(_descendants(self._proc.pid))  # per-rank CPU share
+                if self.telemetry is not None:
+                    self.telemetry.set_rank_pids(event.rank_pids)  # CPU use per rank, in rank order
             elif isinstance(event, ev.RunStarted) and state is not None:
                 current, any_run_started = event.item, True
                 deadline = time.monotonic() + request.timeout_s

@@ -142,11 +142,12 @@ class Rank:
             torch.cuda.synchronize(self.device)
         threading.Thread(target=self._watchdog, daemon=True, name="pkb-watchdog").start()
         host = self.host_facts()
+        pids = self.gather(os.getpid())  # so the launcher's host sampler can follow each rank's CPU use
         self.emit(ev.BatchStarted(
             world_size=self.world_size, mode=self.mode, host=host,
             timings_representative=self.mode != "shared-gpu",
             mps_enabled=bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")) if self.mode == "shared-gpu" else None,
-            notes=self.mode_notes(),
+            notes=self.mode_notes(), rank_pids=pids or [],
         ))
         for item in self.items:
             self.current_item = item.index

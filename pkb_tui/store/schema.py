@@ -202,5 +202,22 @@ _V2 = [
     "CREATE INDEX samples_run ON samples(run_id, ts) WHERE run_id IS NOT NULL",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2]
+# v3: CPU use per rank process (host rows' ranks), so a run's history shows which rank was busy.
+_V3 = [
+    """
+    CREATE TABLE rank_samples (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        run_id INTEGER,
+        rank INTEGER NOT NULL,
+        pid INTEGER,
+        resolution TEXT NOT NULL DEFAULT 'raw',
+        cpu_pct REAL              -- 100 = one full core
+    )
+    """,
+    "CREATE INDEX rank_samples_ts ON rank_samples(ts)",
+    "CREATE INDEX rank_samples_run ON rank_samples(run_id, ts) WHERE run_id IS NOT NULL",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
 SCHEMA_VERSION = len(MIGRATIONS)

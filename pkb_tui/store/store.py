@@ -323,7 +323,17 @@ class Store:
         ]
         host = self.conn.execute("SELECT * FROM hosts WHERE id=?", (run["host_id"],)).fetchone() if run["host_id"] else None
         run["host"] = dict(host) if host else None
+        run["rank_cpu"] = self.run_rank_cpu(run_id)
         return run
+
+    def run_rank_cpu(self, run_id: int) -> list[dict[str, Any]]:
+        """CPU use of each rank process while the run was current (100 = one full core): mean and
+        peak over its samples, NULLs (no figure yet) left out. Empty where nothing was sampled."""
+        return [dict(row) for row in self.conn.execute(
+            "SELECT rank, pid, AVG(cpu_pct) AS mean_pct, MAX(cpu_pct) AS max_pct, COUNT(cpu_pct) AS samples "
+            "FROM rank_samples WHERE run_id = ? GROUP BY rank, pid HAVING COUNT(cpu_pct) > 0 ORDER BY rank",
+            (run_id,),
+        )]
 
     def source(self, digest: str) -> dict[str, Any] | None:
         row = self.conn.execute("SELECT * FROM sources WHERE hash=?", (digest,)).fetchone()

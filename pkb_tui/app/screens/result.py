@@ -264,6 +264,9 @@ class ResultScreen(Screen):
             head.append(Text("⚠ timings not representative: several ranks shared one GPU", style="yellow"))
         for note in run.get("notes") or []:
             head.append(Text(f"• {note}", style="dim"))
+        if run.get("rank_cpu"):
+            head.append(Text("CPU per rank, mean/peak (100% = one core): " + "  ".join(
+                f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]), style="dim"))
         if run.get("log_path"):
             head.append(Text(f"log: {run['log_path']}", style="dim"))
         self.query_one("#result-head", Static).update(Text("\n").join(head))

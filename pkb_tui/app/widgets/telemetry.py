@@ -141,6 +141,10 @@ class TelemetryPanel(Widget):
             line.append(spark(loop, max(4, min(40, width - 50))), style=TX_STYLE)
             line.append(f" {fmt_rate(host.loopback_bytes_per_s)}")
             lines.append(line)
+            if host.ranks:
+                ranks = Text("     ranks' CPU (100% = a core) ", style="dim", no_wrap=True, overflow="crop")
+                ranks.append("  ".join(f"r{r.rank} {fmt_pct(r.cpu_pct)}" for r in host.ranks), style="")
+                lines.append(ranks)
         return lines
 
 
