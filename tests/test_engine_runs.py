@@ -193,3 +193,30 @@ def test_each_ranks_cpu_use_is_recorded_with_the_run(cli, tmp_db: Path) -> None:
     assert len({r["pid"] for r in ranks}) == 2 and os.getpid() not in {r["pid"] for r in ranks}
     assert all(r["samples"] > 0 and r["mean_pct"] > 0 for r in ranks)  # busy in the timed loop
     assert "CPU per rank" in cli("show", str(run_id)).out
+
+
+def test_a_candidate_cannot_write_outside_the_runs_folders(cli, tmp_db: Path, monkeypatch) -> None:
+    # Landlock (where the kernel has it): the rank may write beneath the batch folder, temp and caches;
+    # a file in the home folder (or the project, or the database) is refused, and the run goes on.
+    from pkb_tui.engine.sandbox import landlock_abi
+
+    if landlock_abi() <= 0:
+        pytest.skip("this kernel has no Landlock: the run says 'no write sandbox' instead")
+    import uuid
+
+    target = Path.home() / f".pkb-sandbox-probe-{uuid.uuid4().hex}"
+    monkeypatch.setenv("PKB_TEST_FORBIDDEN_PATH", str(target))
+    try:
+        result = cli("run", "--task", "all_reduce", "--model", fixture_model("write-outside"), "--world-size", "2",
+                     "--mode", "cpu", "--trials", "1", "--iterations", "2", "--warmup", "1", "--no-profile", "--json")
+        assert result.code == 0, result.err
+        assert not target.exists()
+        run = result.json()["runs"][0]
+        assert run["status"] == "passed"
+        assert not any("no write sandbox" in note for note in run["notes"])
+        log = Path(run["log_path"]).read_text()
+        assert "write refused: PermissionError" in log and "write allowed" not in log
+        scratch = Path(run["log_path"]).parent / "scratch" / "scratch-note.txt"
+        assert scratch.read_text() == "scratch is fine\n"  # its own working folder stays writable
+    finally:
+        target.unlink(missing_ok=True)

@@ -127,6 +127,9 @@ class Rank:
     # ------------------------------------------------------------------ the batch
     def main(self) -> int:
         os.chdir(self.spec["scratch_dir"])  # a candidate's relative writes land in the scratch dir
+        # Before any thread starts (Landlock binds the calling thread and what it starts later):
+        # from here on this rank writes only beneath the batch folder, temp, /dev and JIT caches.
+        self.sandbox_note = self._restrict_writes()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         backend = backend_for(self.mode)
@@ -172,13 +175,21 @@ class Rank:
             pass
         return 0
 
+    def _restrict_writes(self) -> str | None:
+        if os.environ.get("PKB_SANDBOX", "1") == "0":
+            return "no write sandbox: PKB_SANDBOX=0"
+        from pkb_tui.engine.sandbox import default_writable, restrict_writes
+
+        return restrict_writes(default_writable(Path(self.spec["log_dir"])))
+
     def mode_notes(self) -> list[str]:
+        notes = [self.sandbox_note] if getattr(self, "sandbox_note", None) else []
         if self.mode == "shared-gpu":
             mps = "on" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "off"
-            return [f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect"]
+            notes.append(f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect")
         if self.mode == "cpu":
-            return ["cpu mode: gloo on CPU tensors; timings are for development, not for GPUs"]
-        return []
+            notes.append("cpu mode: gloo on CPU tensors; timings are for development, not for GPUs")
+        return notes
 
     def host_facts(self) -> dict[str, Any]:
         facts: dict[str, Any] = {

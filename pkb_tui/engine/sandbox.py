@@ -1,0 +1,132 @@
+"""Where a rank process may write: Linux Landlock, unprivileged, applied by each rank to itself
+before any candidate is imported.
+
+Candidates are untrusted code. Reading and executing stay open (they need torch, CUDA, their own
+folder); creating, writing, truncating, renaming or removing files is allowed only beneath the
+folders a run needs: the batch folder (scratch dir, rank logs, traces, events), the system's temp
+folders and /dev (CUDA device files, NCCL's shared memory), the MPS pipe folder, and the JIT caches
+of CUDA, CuPy, Triton and torch under the home folder. Everything else — the project (tasks/,
+pkb_tui/, solutions/), the database, the rest of the home folder — cannot be changed by a rank.
+
+``restrict_writes`` returns None when the rule is in force, else one sentence saying why not
+(a kernel without Landlock, seccomp refusing the calls); the run then says so in its notes.
+Files opened before the call stay writable, as Landlock intends.
+
+Not covered: the batch folder itself is writable, so a rank could still append to the events file
+rank 0 writes; that is the next step (pre-opened files and a read-only batch folder).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Iterable
+
+# Syscall numbers are the same on x86-64 and aarch64 (Landlock came after the tables unified).
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1 << 0
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+
+# LANDLOCK_ACCESS_FS_* rights that change the file system, by the ABI version that added them.
+_WRITE_RIGHTS_ABI1 = (
+    (1 << 1)     # WRITE_FILE
+    | (1 << 4)   # REMOVE_DIR
+    | (1 << 5)   # REMOVE_FILE
+    | (1 << 6)   # MAKE_CHAR
+    | (1 << 7)   # MAKE_DIR
+    | (1 << 8)   # MAKE_REG
+    | (1 << 9)   # MAKE_SOCK
+    | (1 << 10)  # MAKE_FIFO
+    | (1 << 11)  # MAKE_BLOCK
+    | (1 << 12)  # MAKE_SYM
+)
+_REFER = 1 << 13     # ABI 2: link or rename across folders
+_TRUNCATE = 1 << 14  # ABI 3
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # the kernel's struct is packed
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 where there is none (or it is switched off)."""
+    try:
+        libc = _libc()
+        libc.syscall.restype = ctypes.c_long
+        version = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    except (OSError, AttributeError):
+        return 0
+    return int(version) if version > 0 else 0
+
+
+def write_rights(abi: int) -> int:
+    rights = _WRITE_RIGHTS_ABI1
+    if abi >= 2:
+        rights |= _REFER
+    if abi >= 3:
+        rights |= _TRUNCATE
+    return rights
+
+
+def default_writable(batch_dir: Path, extra: Iterable[str | Path] = ()) -> list[Path]:
+    """The folders a rank needs to write to (created where a cache folder is missing, so a JIT
+    cache's first use does not fail on a folder it may no longer create)."""
+    home = Path.home()
+    caches = [home / ".cache", home / ".nv", home / ".cupy", home / ".triton"]
+    for env in ("CUPY_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
+        if os.environ.get(env):
+            caches.append(Path(os.environ[env]))
+    for folder in caches:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass
+    temp = {Path(os.environ.get("TMPDIR") or "/tmp"), Path("/tmp"), Path("/var/tmp")}
+    mps = [Path(os.environ[e]) for e in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY") if os.environ.get(e)]
+    return [Path(batch_dir), *sorted(temp), Path("/dev"), *mps, *caches, *(Path(p) for p in extra)]
+
+
+def restrict_writes(writable: Iterable[str | Path]) -> str | None:
+    """Limit this process (and what it starts) to writing beneath ``writable``; None if done,
+    else why not. Irreversible for the process."""
+    abi = landlock_abi()
+    if abi <= 0:
+        return "no write sandbox: this kernel has no Landlock (Linux 5.13+ with landlock in its LSM list)"
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    rights = write_rights(abi)
+    attr = _RulesetAttr(rights)
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return f"no write sandbox: landlock_create_ruleset failed ({os.strerror(ctypes.get_errno())})"
+    try:
+        for folder in dict.fromkeys(Path(p) for p in writable):
+            try:
+                fd = os.open(folder, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # a folder that does not exist needs no rule
+            try:
+                rule = _PathBeneathAttr(rights, fd)
+                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
+                                ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                    return f"no write sandbox: landlock_add_rule({folder}) failed ({os.strerror(ctypes.get_errno())})"
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return f"no write sandbox: prctl(NO_NEW_PRIVS) failed ({os.strerror(ctypes.get_errno())})"
+        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
+            return f"no write sandbox: landlock_restrict_self failed ({os.strerror(ctypes.get_errno())})"
+    finally:
+        os.close(ruleset)
+    return None
