@@ -4,7 +4,8 @@ before any candidate is imported.
 Candidates are untrusted code. Reading and executing stay open (they need torch, CUDA, their own
 folder); creating, writing, truncating, renaming or removing files is allowed only beneath the
 folders a run needs: the batch folder (scratch dir, rank logs, traces, events), the system's temp
-folders and /dev (CUDA device files, NCCL's shared memory), the MPS pipe folder, and the JIT caches
+folders, /dev (CUDA device files, NCCL's shared memory), /proc (the CUDA driver writes there as
+it starts), the MPS pipe folder, and the JIT caches
 of CUDA, CuPy, Triton and torch under the home folder. Everything else — the project (tasks/,
 pkb_tui/, solutions/), the database, the rest of the home folder — cannot be changed by a rank.
 
@@ -94,7 +95,10 @@ def default_writable(batch_dir: Path, extra: Iterable[str | Path] = ()) -> list[
             pass
     temp = {Path(os.environ.get("TMPDIR") or "/tmp"), Path("/tmp"), Path("/var/tmp")}
     mps = [Path(os.environ[e]) for e in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY") if os.environ.get(e)]
-    return [Path(batch_dir), *sorted(temp), Path("/dev"), *mps, *caches, *(Path(p) for p in extra)]
+    # /proc: the CUDA driver writes there while it starts (cudaGetDeviceCount fails with error 304
+    # otherwise; measured on the H200 by bench/sandbox_cuda_probe.py). Landlock also confines
+    # ptrace, so a sandboxed rank still cannot write another process's /proc/PID/mem.
+    return [Path(batch_dir), *sorted(temp), Path("/dev"), Path("/proc"), *mps, *caches, *(Path(p) for p in extra)]
 
 
 def restrict_writes(writable: Iterable[str | Path]) -> str | None:
