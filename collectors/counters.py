@@ -90,13 +90,7 @@ class PhaseCounters:
         self._start: CounterSnapshot | None = None
         self._started_at: float | None = None
         self._nvml_index: int | None = None
-        # PCIe in steps: the last reading, when it was taken, the sum of unwrapped steps so far,
-        # and whether every step stayed inside the wrap-safe window.
-        self._pcie_last: CounterSnapshot | None = None
-        self._pcie_last_at = 0.0
-        self._pcie_sum: list[int | None] = [0, 0]
-        self._pcie_exact = True
-        self._pcie_safe_s = 0.0
+        self._pcie: N.PcieSteps | None = None  # the phase's PCIe counters, read in wrap-safe steps
         if device_index is None:
             self.reason = "no GPU: nothing to count"
             return
@@ -149,35 +143,19 @@ class PhaseCounters:
                 self._gpm = None
         gpu = self._sampler.gpus[0]
         self._start = gpu.read_counters()
-        self._started_at = self.clock()
-        self._pcie_last, self._pcie_last_at = self._start, self._started_at
-        self._pcie_sum, self._pcie_exact = [0, 0], True
-        self._pcie_safe_s = N.pcie_wrap_safe_s(gpu.pcie_generation, gpu.pcie_width)
+        self._started_at = self._start.host_monotonic_s
+        safe_s = N.pcie_wrap_safe_s(gpu.pcie_generation, gpu.pcie_width)
+        self._pcie = N.PcieSteps(self._start, safe_s) if gpu.pcie_counters else None
 
     def tick(self) -> None:
         """Between timed iterations: read the PCIe counters if the last read is half a wrap old.
 
         Costs nothing (a clock read) until then; one batched read (~300 us) when due.
         """
-        if self._sampler is None or self._start is None or not self._sampler.gpus[0].pcie_counters:
+        if self._sampler is None or self._start is None or self._pcie is None:
             return
-        if self.clock() - self._pcie_last_at < self._pcie_safe_s / 2:
-            return
-        self._pcie_step(self._sampler.gpus[0].read_counters(include_nvlink=False))
-
-    def _pcie_step(self, reading: CounterSnapshot) -> None:
-        now = reading.host_monotonic_s
-        if self._pcie_last is None or now - self._pcie_last_at > self._pcie_safe_s:
-            self._pcie_exact = False  # a second wrap may hide in this step
-        else:
-            for i, (before, after) in enumerate((
-                (self._pcie_last.pcie_tx_bytes, reading.pcie_tx_bytes),
-                (self._pcie_last.pcie_rx_bytes, reading.pcie_rx_bytes),
-            )):
-                step = counter_delta(before, after, modulus=N.PCIE_COUNTER_MODULUS)
-                total = self._pcie_sum[i]
-                self._pcie_sum[i] = total + step if total is not None and step is not None else None
-        self._pcie_last, self._pcie_last_at = reading, now
+        if self.clock() - self._pcie.read_at >= self._pcie.safe_s / 2:
+            self._pcie.add(self._sampler.gpus[0].read_counters(include_nvlink=False))
 
     def stop(self, iterations: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -193,8 +171,14 @@ class PhaseCounters:
         gpu = self._sampler.gpus[0]
         end = gpu.read_counters()
         elapsed_s = end.host_monotonic_s - self._started_at
+        pcie_exact = None
+        if self._pcie is not None:
+            self._pcie.add(end)
+            pcie_exact = self._pcie.exact_bytes()
+        # GPM only where a figure needs it (and the phase is long enough to trust its rates).
         gpm_values = None
-        if self._gpm is not None:
+        wants_gpm = (not gpu.nvlink_counters and gpu.active_links) or pcie_exact is None
+        if self._gpm is not None and wants_gpm and elapsed_s >= self.gpm_min_phase_s - 1e-6:
             try:
                 self._sampler.nvml.nvmlGpmSampleGet(self._gpm.handle, self._gpm.buffers[1])
                 gpm_values = self._gpm.metrics_between(self._gpm.buffers[0], self._gpm.buffers[1])
@@ -214,18 +198,16 @@ class PhaseCounters:
                 rx_total = rx_total + rx * N.KIB if rx_total is not None and rx is not None else None
                 out["links"][link] = (tx + rx) * N.KIB if tx is not None and rx is not None else None
             out["nvlink_tx_bytes"], out["nvlink_rx_bytes"] = tx_total, rx_total
-        elif gpm_values is not None and gpu.active_links and elapsed_s >= self.gpm_min_phase_s - 1e-6:
+        elif gpm_values is not None and gpu.active_links:
             # GPM reads 0 B/s NVLink on a GPU with no active link: that is "no NVLink", not "idle".
             out["nvlink_tx_bytes"] = _bytes(gpm_values.nvlink_tx_bytes_per_s, elapsed_s)
             out["nvlink_rx_bytes"] = _bytes(gpm_values.nvlink_rx_bytes_per_s, elapsed_s)
 
         # PCIe: the counters, read in wrap-safe steps (tick), else GPM's rates over the phase.
-        if gpu.pcie_counters:
-            self._pcie_step(end)
-        if gpu.pcie_counters and self._pcie_exact and None not in self._pcie_sum:
-            out["pcie_tx_bytes"], out["pcie_rx_bytes"] = self._pcie_sum
+        if pcie_exact is not None:
+            out["pcie_tx_bytes"], out["pcie_rx_bytes"] = pcie_exact
             out["pcie_source"] = "counters"
-        elif gpm_values is not None and elapsed_s >= self.gpm_min_phase_s - 1e-6:
+        elif gpm_values is not None:
             out["pcie_tx_bytes"] = _bytes(gpm_values.pcie_tx_bytes_per_s, elapsed_s)
             out["pcie_rx_bytes"] = _bytes(gpm_values.pcie_rx_bytes_per_s, elapsed_s)
             out["pcie_source"] = "gpm"
@@ -247,8 +229,8 @@ class PhaseCounters:
         elif out["nvlink_bytes"] is None:
             reasons.append("an NVLink counter went backwards (reset) during the phase")
         if out["pcie_bytes"] is None:
-            counters = (f"PCIe counters were read further apart than their wrap-safe {self._pcie_safe_s * 1e3:.0f} ms"
-                        if gpu.pcie_counters else "no PCIe counters")
+            counters = (f"PCIe counters were read further apart than their wrap-safe {self._pcie.safe_s * 1e3:.0f} ms"
+                        if self._pcie is not None else "no PCIe counters")
             gpm = "no GPM" if self._gpm is None else short if gpm_short else "GPM gave no PCIe rate"
             reasons.append(f"{counters} and {gpm}: no PCIe figure")
         return "; ".join(reasons) or None

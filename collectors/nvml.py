@@ -408,8 +408,9 @@ class Gpm:
         self.buffers = []
 
 
-class _PcieSteps:
-    """One GPU's PCIe byte counters read in wrap-safe steps between two samples.
+class PcieSteps:
+    """One GPU's PCIe byte counters read in wrap-safe steps (between two samples, or over one
+    timed phase: collectors.counters.PhaseCounters).
 
     Each step is unwrapped modulo 2^32 over NVML's timestamps and summed; a step longer than the
     wrap-safe window (or a counter missing) spoils the interval, which then has no rate.
@@ -441,6 +442,12 @@ class _PcieSteps:
             self.sums[i] = self.sums[i] + step if self.sums[i] is not None and step is not None else None
         self.last = tuple(after if after is not None else before for before, after in zip(self.last, current))
         self.read_at = reading.host_monotonic_s
+
+    def exact_bytes(self) -> tuple[int, int] | None:
+        """(tx, rx) bytes since the interval began, or None if a step may hide a second wrap."""
+        if self.spoiled or None in self.sums:
+            return None
+        return self.sums[0], self.sums[1]
 
     def rates(self, max_bytes_per_s: float) -> tuple[float | None, float | None]:
         out: list[float | None] = []
@@ -476,7 +483,7 @@ class NvmlSampler:
         self._pcie_counters = pcie_counters
         self._previous: dict[int, CounterSnapshot] = {}
         self._last_rates: dict[tuple[int, str, int], float | None] = {}
-        self._pcie: dict[int, _PcieSteps] = {}  # GPUs whose PCIe rates come from the 32-bit counters
+        self._pcie: dict[int, PcieSteps] = {}  # GPUs whose PCIe rates come from the 32-bit counters
         self._owns_init = False
         self.nvml = nvml
         try:
@@ -595,7 +602,7 @@ class NvmlSampler:
             # figure. (GPUs with GPM, which is all Gen5 ones, take GPM's rates instead.)
             steps = self._pcie.get(gpu.index)
             if steps is None:
-                self._pcie[gpu.index] = _PcieSteps(snap, pcie_wrap_safe_s(gpu.pcie_generation, gpu.pcie_width))
+                self._pcie[gpu.index] = PcieSteps(snap, pcie_wrap_safe_s(gpu.pcie_generation, gpu.pcie_width))
             else:
                 steps.add(snap)
                 out.pcie_tx_bytes_per_s, out.pcie_rx_bytes_per_s = steps.rates(MAX_PCIE_BYTES_PER_S)
@@ -606,8 +613,6 @@ class NvmlSampler:
                 snap.nvlink_tx_kib.setdefault(link, value)
             for link, value in prev.nvlink_rx_kib.items():
                 snap.nvlink_rx_kib.setdefault(link, value)
-            snap.pcie_tx_bytes = snap.pcie_tx_bytes or prev.pcie_tx_bytes
-            snap.pcie_rx_bytes = snap.pcie_rx_bytes or prev.pcie_rx_bytes
         self._previous[gpu.index] = snap
 
         gpm = self.gpm.get(gpu.index)

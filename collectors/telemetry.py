@@ -76,11 +76,6 @@ class Telemetry:
         return self.gpu.gpu_names if self.gpu is not None else {}
 
     @property
-    def rank_cpu_pct(self) -> dict[int, float | None]:
-        """CPU use of each rank process (100 = one full core), from the last host sample."""
-        return dict(self.host.process_cpu_pct)
-
-    @property
     def mean_sample_cost_us(self) -> float | None:
         return self.sample_cost_us_total / self.samples_taken if self.samples_taken else None
 

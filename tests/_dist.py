@@ -68,3 +68,12 @@ def run_distributed(world_size: int, fn: Callable, *args: Any, timeout_s: float 
         if len(results) != world_size:
             raise AssertionError(f"only {len(results)} of {world_size} ranks reported (crash or timeout)")
         return [results[r] for r in range(world_size)]
+
+
+def rank_failures(per_rank: list[dict[str, dict]]) -> list[str]:
+    """From per-rank {check: {"correct", "message"[, "skipped"]}} results, one line per failed check."""
+    return [
+        f"rank {rank} {key}: {result['message']}"
+        for rank, results in enumerate(per_rank) for key, result in results.items()
+        if not result.get("skipped") and not result["correct"]
+    ]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import tasks
 from pkb_tui.engine.compare import compare_outputs
-from tests._dist import run_distributed
+from tests._dist import rank_failures as _failures, run_distributed
 
 FAMILIES = ("tensor", "sequence", "context", "expert", "data")
 SEEDS = (31, 32)
@@ -49,14 +49,6 @@ def _check_baselines(rank: int, world_size: int, dtypes: tuple[str, ...]) -> dic
             failed = [r for r in results if not r.correct]
             out[key] = {"correct": not failed, "message": failed[0].message if failed else None}
     return out
-
-
-def _failures(per_rank: list[dict[str, dict]]) -> list[str]:
-    return [
-        f"rank {rank} {key}: {result['message']}"
-        for rank, results in enumerate(per_rank) for key, result in results.items()
-        if not result.get("skipped") and not result["correct"]
-    ]
 
 
 def test_the_suite_has_at_least_two_tasks_in_each_of_its_families() -> None:

@@ -17,7 +17,7 @@ import torch
 
 import tasks
 from pkb_tui.engine.compare import compare_outputs
-from tests._dist import run_distributed
+from tests._dist import rank_failures as _failures, run_distributed
 
 FAMILIES = ("fsdp", "vocab", "pipeline", "graph", "scientific", "other")
 SEEDS = (21, 22)
@@ -54,14 +54,6 @@ def _check(rank: int, world_size: int) -> dict[str, dict]:
                 torch.distributed.barrier()
             out[key] = {"correct": worst.correct, "message": worst.message}
     return out
-
-
-def _failures(per_rank: list[dict[str, dict]]) -> list[str]:
-    return [
-        f"rank {rank} {key}: {result['message']}"
-        for rank, results in enumerate(per_rank) for key, result in results.items()
-        if not result.get("skipped") and not result["correct"]
-    ]
 
 
 def test_the_suite_has_at_least_two_tasks_in_each_of_its_families() -> None:

@@ -67,6 +67,7 @@ class Rank:
         self._events_file = None
         self._lock = threading.Lock()
         self.current_item: int | None = None
+        self.sandbox_note: str | None = None  # why file writes are not restricted, if they are not
         if self.mode == "nccl":
             self.device = torch.device("cuda", self.local_rank)
         elif self.mode == "shared-gpu":
@@ -128,7 +129,8 @@ class Rank:
     def main(self) -> int:
         os.chdir(self.spec["scratch_dir"])  # a candidate's relative writes land in the scratch dir
         # Before any thread starts (Landlock binds the calling thread and what it starts later):
-        # from here on this rank writes only beneath the batch folder, temp, /dev and JIT caches.
+        # from here on this rank writes only beneath the batch folder, temp, /dev, /proc, MPS and JIT
+        # caches (engine/sandbox.py).
         self.sandbox_note = self._restrict_writes()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -183,7 +185,7 @@ class Rank:
         return restrict_writes(default_writable(Path(self.spec["log_dir"])))
 
     def mode_notes(self) -> list[str]:
-        notes = [self.sandbox_note] if getattr(self, "sandbox_note", None) else []
+        notes = [self.sandbox_note] if self.sandbox_note else []
         if self.mode == "shared-gpu":
             mps = "on" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "off"
             notes.append(f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect")
