@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import stat
 import signal
 import socket
 import subprocess
@@ -35,6 +37,7 @@ EventCallback = Callable[[ev.Event, "int | None"], None]
 
 STARTUP_TIMEOUT_S = 180.0  # torchrun + N Python processes importing torch, on a loaded 2-core box
 HEARTBEAT_TIMEOUT_S = 60.0
+JUDGE_GRACE_S = 60.0  # beyond a run's timeout, for its judges to end the candidate and report
 # Never let a rank switch NVLink multicast on (it can take a shared host's GPUs out of service).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -210,6 +213,10 @@ class Launcher:
         ]
         env = dict(os.environ)
         env.update(SAFE_ENV)
+        # Events are signed with a key only the judges and this launcher hold (the judges drop it
+        # from the environment before they start any runner).
+        event_key = secrets.token_bytes(32)
+        env["PKB_EVENT_KEY"] = event_key.hex()
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
         if mode == "cpu":
@@ -225,11 +232,13 @@ class Launcher:
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, cwd=str(scratch), start_new_session=True,
             )
-        tail = _EventTail(events_path)
+        tail = _EventTail(events_path, event_key)
         pending = {item.index for item in items}
         current: int | None = None
         started = time.monotonic()
-        deadline = started + STARTUP_TIMEOUT_S + request.timeout_s
+        # The judges end a candidate that outlives its timeout themselves; this is the backstop
+        # for a judge that stops answering.
+        deadline = started + STARTUP_TIMEOUT_S + request.timeout_s + JUDGE_GRACE_S
         last_beat = started
         any_run_started = False
 
@@ -244,7 +253,7 @@ class Launcher:
                     self.telemetry.set_rank_pids(event.rank_pids)  # CPU use per rank, in rank order
             elif isinstance(event, ev.RunStarted) and state is not None:
                 current, any_run_started = event.item, True
-                deadline = time.monotonic() + request.timeout_s
+                deadline = time.monotonic() + request.timeout_s + JUDGE_GRACE_S
                 state.started = True
                 store.update_run(state.run_id, status="running", started_at=time.time())
                 if self.telemetry is not None:
@@ -274,7 +283,7 @@ class Launcher:
                 self._finish(store, state, event.status, event.detail, None, request=request)
                 pending.discard(event.item)
                 current = None
-                deadline = time.monotonic() + request.timeout_s
+                deadline = time.monotonic() + request.timeout_s + JUDGE_GRACE_S
             run_id = state.run_id if state is not None else None
             if on_event is not None:
                 on_event(event, run_id)
@@ -565,27 +574,42 @@ def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, mode: str) -> str
 
 
 class _EventTail:
-    """Reads complete JSON lines appended to the event file since the last read."""
+    """Reads complete, correctly signed JSON lines appended to the event file since the last read.
 
-    def __init__(self, path: Path) -> None:
+    The file is opened without following links and must be a regular file (a symlink or FIFO
+    planted in its place could otherwise redirect or hang the launcher). Lines whose signature is
+    not the judges' are dropped and counted."""
+
+    def __init__(self, path: Path, key: bytes) -> None:
         self.path = path
+        self.key = key
         self.offset = 0
         self.partial = b""
+        self.forged = 0
 
     def read(self) -> list[ev.Event]:
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return []
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            data = os.read(fd, 64 * 2**20)
+        finally:
+            os.close(fd)
         self.offset += len(data)
         data = self.partial + data
         lines = data.split(b"\n")
         self.partial = lines.pop()
         out = []
         for line in lines:
-            event = ev.parse_event(line.decode(errors="replace"))
+            body = ev.verify(self.key, line.decode(errors="replace"))
+            if body is None:
+                self.forged += 1
+                continue
+            event = ev.parse_event(body)
             if event is not None:
                 out.append(event)
         return out
