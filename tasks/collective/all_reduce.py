@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
 from tasks.collective._common import FLAT_SIZES, SUM_OVER_RANKS_TOLERANCES
 
 TASK = TaskSpec(
@@ -53,5 +53,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         # read the input, write the output, read the n-1 incoming chunks twice (reduce, then store)
         memory_bytes=2 * size_bytes + 2 * wire,
         flops=(n - 1) * ctx.params["numel"] // n,
-        payload_bytes=size_bytes, bus_factor=2 * (n - 1) / n,  # nccl-tests: 0 at one rank, like the others
+        payload_bytes=size_bytes, bus_factor=bus_factor("all_reduce", n),
     )

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
 from tasks.collective._common import CHUNKED_SIZES, SUM_OVER_RANKS_TOLERANCES
 
 TASK = TaskSpec(
@@ -58,5 +58,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         # read the input, read the n-1 incoming chunks to add them, write the output
         memory_bytes=n * chunk_bytes + wire + chunk_bytes,
         flops=(n - 1) * chunk_elems,
-        payload_bytes=n * chunk_bytes, bus_factor=(n - 1) / n,
+        payload_bytes=n * chunk_bytes, bus_factor=bus_factor("reduce_scatter", n),
     )

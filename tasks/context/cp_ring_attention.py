@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="cp_ring_attention",
@@ -146,5 +146,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=send, recv_bytes=recv,
         memory_bytes=local_bytes + 2 * recv,  # incoming kv written once, read once
         flops=4 * d * hq * pairs,
-        payload_bytes=n * 2 * c * kv_row_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=n * 2 * c * kv_row_bytes, bus_factor=bus_factor("all_gather", n),
     )

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 FIRST_BUCKET_CAP_BYTES = 1 * 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 BUCKET_CAP_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
@@ -114,5 +114,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=2 * size_bytes + wire,
         flops=numel + (n - 1) * numel // n,
-        payload_bytes=size_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=size_bytes, bus_factor=bus_factor("all_reduce", n),
     )

@@ -19,7 +19,7 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 LR = 1e-3
 BETA1, BETA2 = 0.9, 0.999
@@ -136,5 +136,5 @@ def traffic(ctx: TaskContext) -> Traffic:
     return Traffic(
         send_bytes=wire, recv_bytes=wire, memory_bytes=memory,
         flops=(n - 1) * s + 12 * s,
-        payload_bytes=full_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=full_bytes, bus_factor=bus_factor("all_reduce", n),
     )

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 GAIN = 1.5  # as in pp_send_recv_microbatches: O(1) activations and gradients through any depth
 
@@ -180,5 +180,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=send, recv_bytes=send,
         memory_bytes=11 * act_bytes + 2 * (h * h + h) * b + 4 * (h * h + h),
         flops=(6 if r > 0 else 4) * act_elems * h + 20 * act_elems,
-        payload_bytes=send, bus_factor=1.0,
+        payload_bytes=send, bus_factor=bus_factor("sendrecv", n),
     )

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 # Weights ~ N(0, (GAIN^2)/H): gelu of a unit-variance input has RMS ~0.65, so a gain of 1.5 keeps the
 # activations O(1) through any number of stages (a well-initialised network), and errors comparable.
@@ -112,5 +112,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         recv_bytes=act_bytes if r > 0 else 0,
         memory_bytes=2 * act_bytes + (p["hidden"] ** 2 + p["hidden"]) * b,
         flops=2 * act_elems * p["hidden"] + 10 * act_elems,
-        payload_bytes=act_bytes if n > 1 else 0, bus_factor=1.0,
+        payload_bytes=act_bytes if n > 1 else 0, bus_factor=bus_factor("sendrecv", n),
     )

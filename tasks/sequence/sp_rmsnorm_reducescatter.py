@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 EPS = 1e-6
 
@@ -93,5 +93,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=partial_bytes + wire + 3 * shard_elems * b + hidden * b,
         flops=(n - 1) * shard_elems + 5 * shard_elems,
-        payload_bytes=partial_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=partial_bytes, bus_factor=bus_factor("reduce_scatter", n),
     )

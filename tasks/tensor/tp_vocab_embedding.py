@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="tp_vocab_embedding",
@@ -84,5 +84,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=8 * p["tokens"] + out_bytes // n + out_bytes + wire,
         flops=0,
-        payload_bytes=out_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=out_bytes, bus_factor=bus_factor("all_reduce", n),
     )
