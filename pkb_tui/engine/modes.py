@@ -7,6 +7,8 @@ import os
 from pkb_tui.errors import PkbError
 
 MODES = ("nccl", "shared-gpu", "cpu")
+# What every cpu-mode figure is labelled with (CLI, JSON, screens): gloo on a shared CPU box.
+CPU_MODE_LABEL = "cpu: for development, not a measurement"
 
 
 def visible_gpu_count() -> int:

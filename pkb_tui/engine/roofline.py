@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pkb_tui.engine.modes import CPU_MODE_LABEL
 from tasks.base import Traffic, bus_factor
 
 
@@ -123,7 +124,6 @@ _MODEL_RULES: list[tuple[tuple[str, ...], str]] = [
     (("A100",), "A100 SXM 40GB"),
 ]
 
-CPU_MODE_LABEL = "cpu: for development, not a measurement"
 CPU_NO_ROOFLINE = (f"{CPU_MODE_LABEL} (gloo through host memory on a shared CPU: no roofline and no bus "
                    "bandwidth are claimed from nominal CPU figures)")
 
