@@ -129,3 +129,42 @@ def test_the_noise_floor_on_a_cpu_box_is_measured_through_the_launcher(monkeypat
     assert run["model"] == "baseline" and stored["noise_floor_fraction"] == row["noise_floor_fraction"]
     table = cal.format_table({"gpu_count": 0}, [row], {})
     assert "noise_floor" in table and "(cpu mode)" in table
+
+
+def test_the_result_and_history_screens_show_intervals_noise_and_the_basis(tmp_path):
+    import asyncio
+
+    from pkb_tui.app import PkbApp
+    from pkb_tui.app.screens.history import HistoryScreen
+    from tests.app_fixtures import app_config, screen_text
+
+    db = tmp_path / "runs.db"
+    nccl_run = _stored_run(db)
+    cpu_run = _stored_run(db, mode="cpu")
+    app = PkbApp(config=app_config(db))
+
+    async def main() -> None:
+        async with app.run_test(size=(110, 40)) as pilot:
+            await pilot.pause()
+            app.open_result(nccl_run)
+            await pilot.pause()
+            text = screen_text(app)
+            assert "1.03× ▲ [1.01, 1.05]" in text and "within this host's noise (±4.0%)" in text
+            assert "eager med" in text and "graph med" in text and "1.0 µs" in text
+            await pilot.press("escape")
+            app.open_result(cpu_run)
+            await pilot.pause()
+            assert CPU_LABEL in screen_text(app)
+            await pilot.press("escape")
+            await pilot.press("h")
+            await pilot.pause()
+            assert isinstance(app.screen, HistoryScreen)
+            await pilot.press("e")  # the speedup basis: graph
+            await pilot.pause()
+            assert app.config.speedup_basis == "graph"
+            assert "2.00× ▲" in screen_text(app)
+            await pilot.press("b")
+            await pilot.pause()
+            assert "(latest run per task, graph)" in screen_text(app)
+
+    asyncio.run(main())
