@@ -161,3 +161,7 @@ def test_timing_result_fields_fill_both_methods_and_the_picked_one() -> None:
     assert "graph_median_us" not in absent["candidate"] and absent["candidate"]["speedup"] == absent["candidate"]["speedup_eager"]
     with pytest.raises(ValueError, match="basis"):
         stats.timing_result_fields(eager, basis="wall")
+
+
+def test_cpu_mode_uses_the_steadier_round_statistic() -> None:
+    assert stats.round_statistic_for("cpu") == "p25" and stats.round_statistic_for("nccl") == "median"

@@ -329,3 +329,9 @@ def timing_result_fields(
                                 speedup_note=picked.method_note)
     out["candidate"]["noise_floor_fraction"] = noise_floor_fraction
     return out
+
+
+def round_statistic_for(mode: str) -> str:
+    """The per-round statistic a mode's speedups use: p25 in cpu mode (steadier on gloo's bimodal
+    clock, see CPU_ROUND_STATISTIC), the median elsewhere."""
+    return CPU_ROUND_STATISTIC if mode == "cpu" else "median"

@@ -490,7 +490,7 @@ class Store:
             entry["tasks"] += 1
             if row["correct"]:
                 entry["correct"] += 1
-                result = result_with_basis(dict(row), basis)
+                result = result_with_basis(dict(row), basis) or {}
                 speedup = result["speedup"]
                 has_interval = row["rounds"] is not None or row["speedup_low"] is not None
                 if speedup is not None and speedup > 0:
