@@ -229,18 +229,18 @@ class RoundDecision:
 
 def next_round_needed(
     baseline_rounds: Rounds, candidate_rounds: Rounds, *, elapsed_s: float, budget_s: float,
-    target_half_width: float = DEFAULT_TARGET_HALF_WIDTH, min_rounds_: int | None = None,
+    target_half_width: float = DEFAULT_TARGET_HALF_WIDTH, least_rounds: int | None = None,
     max_rounds: int = 200, confidence: float = 0.95, statistic: str = "median",
 ) -> RoundDecision:
     """Should the worker time another round? Pure: it sees the rounds so far and the clock.
 
-    Yes until there are at least ``min_rounds`` (default: enough for the sign-test interval) and
+    Yes until there are at least ``least_rounds`` (default min_rounds(confidence): enough for the sign-test interval) and
     the interval's relative half-width is at most ``target_half_width``; no once ``max_rounds``
     are done or another round (estimated as the mean round so far) would overrun ``budget_s``.
     The worker stores ``rounds`` with the result whichever way it stopped.
     """
     rounds = min(len(baseline_rounds), len(candidate_rounds))
-    least = min_rounds_ if min_rounds_ is not None else min_rounds(confidence)
+    least = least_rounds if least_rounds is not None else min_rounds(confidence)
     estimate = None
     if rounds >= least or rounds >= max_rounds or (rounds and elapsed_s + elapsed_s / rounds > budget_s):
         try:
