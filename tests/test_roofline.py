@@ -261,3 +261,12 @@ def test_every_task_takes_its_bus_factor_from_the_one_function_and_it_is_zero_at
                 result = evaluate(traffic, 10.0, _nvlink_bw(), task.spec.dtypes[0])
                 assert result.bus_bandwidth_gbps is None, task.id
     assert "all_reduce" in at_one and "broadcast" in at_one
+
+
+def test_pipelines_declare_their_chain_of_dependent_messages():
+    forward = load_task("pp_send_recv_microbatches")
+    one_f_one_b = load_task("pp_1f1b_exchange")
+    assert forward.traffic(forward.context(rank=0, world_size=4, dtype="float32", size="small")).messages == 3
+    assert one_f_one_b.traffic(one_f_one_b.context(rank=0, world_size=4, dtype="float32", size="small")).messages == 6
+    assert load_task("all_reduce").traffic(load_task("all_reduce").context(rank=0, world_size=4, dtype="float32",
+                                                                           size="small")).messages == 1

@@ -102,6 +102,8 @@ def traffic(ctx: TaskContext) -> Traffic:
     # and receives them from r-1 (unless first). Point-to-point: nccl-tests' sendrecv counts
     # busbw = algbw, factor 1, over the bytes one rank sends. Memory: the input and weight read, the
     # activations written. FLOPs: the GEMM of each micro-batch (plus the bias and gelu).
+    # Messages: the last stage's output needs the data to cross n-1 boundaries one after another
+    # (each stage computes before it can send), however the micro-batches are grouped.
     n, r = ctx.world_size, ctx.rank
     p = ctx.params
     b = ctx.dtype.itemsize
@@ -113,4 +115,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         memory_bytes=2 * act_bytes + (p["hidden"] ** 2 + p["hidden"]) * b,
         flops=2 * act_elems * p["hidden"] + 10 * act_elems,
         payload_bytes=act_bytes if n > 1 else 0, bus_factor=bus_factor("sendrecv", n),
+        messages=max(1, n - 1),
     )
