@@ -62,6 +62,40 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+# busbw = algbw x factor, the nccl-tests convention (its doc/PERFORMANCE.md), so figures compare with
+# that tool's. "payload" is nccl-tests' size: the whole buffer for all-reduce / broadcast / reduce,
+# the whole gathered (all-gather) or whole input (reduce-scatter) buffer, the whole send buffer for
+# all-to-all / gather / scatter. sendrecv: one peer exchange (halo, pipeline), what a rank sends.
+_BUS_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "sendrecv": lambda n: 1.0,
+}
+BUS_FACTOR_KINDS = tuple(_BUS_FACTORS)
+
+
+def bus_factor(kind: str, world_size: int) -> float:
+    """The factor from algorithm bandwidth to bus bandwidth for a ``kind`` of communication.
+
+    0 at one rank for every kind: nothing crosses a link, so no bus bandwidth is claimed (nccl-tests'
+    own formulas give 0 there for all but broadcast / reduce / sendrecv, whose 1 would credit a local
+    copy as link traffic). Every task's traffic() takes its factor from here.
+    """
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    if kind not in _BUS_FACTORS:
+        raise KeyError(f"no bus factor for {kind!r}; known: {', '.join(_BUS_FACTORS)}")
+    if world_size == 1:
+        return 0.0
+    return float(_BUS_FACTORS[kind](world_size))
+
+
 @dataclass(frozen=True)
 class Traffic:
     """The roofline model of one rank for one call.
@@ -74,6 +108,9 @@ class Traffic:
     dtype is float32: convolutions (torch.backends.cudnn.allow_tf32 is on by default; matmuls'
     allow_tf32 is off). The compute floor counts them at the TF32 rate, else a float32 baseline
     convolution beats its own floor.
+    messages: how many per-message latencies (alpha) the fastest algorithm must pay one after
+    another (1 unless a task declares more: a pipeline of dependent exchanges). The roofline's wire
+    term is messages x alpha + wire_bytes / link bandwidth.
     """
 
     send_bytes: int
@@ -83,6 +120,7 @@ class Traffic:
     payload_bytes: int = 0
     bus_factor: float = 1.0
     tf32_flops: int = 0
+    messages: int = 1  # dependent messages in a row on the critical path: the roofline's latency term counts alpha per message
 
     @property
     def wire_bytes(self) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pkb_tui.engine import events as ev
-from pkb_tui.engine.modes import choose_mode
+from pkb_tui.engine.modes import choose_mode, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
 from pkb_tui.errors import PkbError
@@ -183,7 +183,7 @@ class Launcher:
                 "trials": request.trials, "timeout_s": request.timeout_s,
                 "request": {**request.to_dict(), "mode": mode, "item": item.to_dict()},
                 "status": "queued", "baseline_source_hash": baseline_hash, "candidate_source_hash": candidate_hash,
-                "timings_representative": int(mode != "shared-gpu"),
+                "timings_representative": int(timings_representative(mode)),
                 "log_path": str(batch_dir / f"item{item.index:03d}.rank0.log"),
             })
             states[item.index] = _RunState(run_id=run_id, item=item)
@@ -339,10 +339,13 @@ class Launcher:
         self._host = host
         self._host_id = host_id
         self._calibration = store.latest_calibration(host_id)
+        self._latency = store.latest_link_latency(host_id)
+        self._noise_floor = store.latest_noise_floor(host_id, self._mode)
         for item in items:
             store.update_run(
                 states[item.index].run_id, host_id=host_id, mps_enabled=event.mps_enabled,
-                timings_representative=int(event.timings_representative), notes=event.notes,
+                timings_representative=int(event.timings_representative and timings_representative(self._mode)),
+                notes=event.notes,
             )
 
     def _finish(
@@ -422,7 +425,7 @@ class Launcher:
             send_bytes=max(t.send_bytes for t in per_rank), recv_bytes=max(t.recv_bytes for t in per_rank),
             memory_bytes=max(t.memory_bytes for t in per_rank), flops=arithmetic.flops,
             payload_bytes=max(t.payload_bytes for t in per_rank), bus_factor=per_rank[0].bus_factor,
-            tf32_flops=arithmetic.tf32_flops,
+            tf32_flops=arithmetic.tf32_flops, messages=max(t.messages for t in per_rank),
         )
 
     def _roofline(self, traffic: Traffic | None, median_us: float, request: RunRequest) -> dict[str, Any]:
@@ -433,15 +436,12 @@ class Launcher:
         except ImportError:
             return {}
         try:
-            bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), self._mode, request.world_size)
+            bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), self._mode,
+                                                 request.world_size, latency=getattr(self, "_latency", None))
             result = roofline.evaluate(traffic, median_us, bandwidths, request.dtype)
         except Exception:
             return {}
-        return {
-            "roofline_floor_us": result.floor_us, "roofline_fraction": result.fraction,
-            "roofline_bound": result.bound, "bus_bandwidth_gbps": result.bus_bandwidth_gbps,
-            "bandwidth_source": result.bandwidth_source,
-        }
+        return result.result_fields()
 
     def _merge_logs(self, state: _RunState) -> Path | None:
         """Every rank's output for this run, in one file, lines prefixed by rank."""

@@ -23,6 +23,7 @@ class RunRequest:
     profile: bool = True  # per-kernel table after timing
     seed: int = 0
     telemetry: bool = True  # NVML/PCIe counters around timed phases
+    speedup_basis: str = "eager"  # which timing method speedup and leaderboard use: eager or graph
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -219,5 +219,50 @@ _V3 = [
     "CREATE INDEX rank_samples_run ON rank_samples(run_id, ts) WHERE run_id IS NOT NULL",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
+# timing: eager and CUDA-graph figures per variant, the speedup's confidence interval, the number of
+# interleaved rounds, whether the speedup is within the host's noise floor, the roofline's latency
+# term. median_us .. max_us and speedup keep meaning "the figure the user picked" (timing_method),
+# so readers that predate this keep working; eager_* / graph_* / speedup_eager* / speedup_graph*
+# hold both methods whichever was picked. calibrations grow per-message latency and noise-floor
+# rows (bandwidth_gbps becomes nullable: those rows have none; a table rebuild is how SQLite drops
+# a NOT NULL) and the mode a figure was measured in (the noise floor of cpu mode is not nccl's).
+_V_TIMING = [
+    *(f"ALTER TABLE results ADD COLUMN {column}" for column in (
+        "eager_median_us REAL", "eager_p10_us REAL", "eager_p90_us REAL",
+        "graph_median_us REAL", "graph_p10_us REAL", "graph_p90_us REAL",
+        "graph_note TEXT",  # why there is no graph figure ('not capturable: ...')
+        "speedup_low REAL", "speedup_high REAL",  # the interval of speedup (the picked method)
+        "speedup_eager REAL", "speedup_eager_low REAL", "speedup_eager_high REAL",
+        "speedup_graph REAL", "speedup_graph_low REAL", "speedup_graph_high REAL",
+        "speedup_note TEXT",                 # how the interval was made (stats.speedup_interval)
+        "within_noise INTEGER",              # 1: the host's self-check spread could explain the speedup
+        "noise_floor_fraction REAL",         # the floor it was judged against (0.03 = +-3%)
+        "rounds INTEGER",                    # interleaved rounds timed (adaptive)
+        "timing_method TEXT DEFAULT 'eager'",  # eager or graph: which figure median_us/speedup hold
+        "roofline_latency_us REAL",          # the floor's latency term (alpha x messages)
+    )),
+    """
+    CREATE TABLE calibrations_v (
+        id INTEGER PRIMARY KEY,
+        host_id INTEGER NOT NULL REFERENCES hosts(id),
+        measured_at REAL NOT NULL,
+        kind TEXT NOT NULL,         -- ... and link_latency, noise_floor
+        gpu_a INTEGER,
+        gpu_b INTEGER,
+        size_bytes INTEGER,
+        bandwidth_gbps REAL,        -- NULL for kinds that are not a bandwidth
+        latency_us REAL,            -- link_latency: per-message latency (alpha)
+        noise_floor_fraction REAL,  -- noise_floor: self-check spread, 0.03 = +-3%
+        mode TEXT,                  -- the run mode a noise floor was measured in
+        detail TEXT                 -- JSON
+    )
+    """,
+    "INSERT INTO calibrations_v (id, host_id, measured_at, kind, gpu_a, gpu_b, size_bytes, bandwidth_gbps, detail) "
+    "SELECT id, host_id, measured_at, kind, gpu_a, gpu_b, size_bytes, bandwidth_gbps, detail FROM calibrations",
+    "DROP TABLE calibrations",
+    "ALTER TABLE calibrations_v RENAME TO calibrations",
+    "CREATE INDEX calibrations_host ON calibrations(host_id, kind, measured_at)",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING]
 SCHEMA_VERSION = len(MIGRATIONS)

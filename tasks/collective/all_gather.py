@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
 from tasks.collective._common import CHUNKED_SIZES, EXACT_TOLERANCES
 
 TASK = TaskSpec(
@@ -55,5 +55,5 @@ def traffic(ctx: TaskContext) -> Traffic:
     return Traffic(
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=block_bytes + n * block_bytes,  # read the block, write the whole output
-        payload_bytes=n * block_bytes, bus_factor=(n - 1) / n,
+        payload_bytes=n * block_bytes, bus_factor=bus_factor("all_gather", n),
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
 from tasks.collective._common import CHUNKED_SIZES, EXACT_TOLERANCES
 
 TASK = TaskSpec(
@@ -54,5 +54,5 @@ def traffic(ctx: TaskContext) -> Traffic:
     return Traffic(
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=2 * n * chunk_bytes,  # read the input, write the output
-        payload_bytes=n * chunk_bytes, bus_factor=(n - 1) / n,
+        payload_bytes=n * chunk_bytes, bus_factor=bus_factor("all_to_all", n),
     )

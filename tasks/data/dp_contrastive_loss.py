@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="dp_contrastive_loss",
@@ -97,5 +97,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=features_bytes + 2 * n * features_bytes + batch * n * batch * b,
         flops=4 * batch * n * batch * dim + 10 * batch * n * batch,
-        payload_bytes=n * features_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=n * features_bytes, bus_factor=bus_factor("all_gather", n),
     )

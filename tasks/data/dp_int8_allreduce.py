@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 BLOCK = 512
 
@@ -98,5 +98,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=numel * b + q + 2 * wire + numel * b,
         flops=4 * numel + 2 * n * numel + numel,
-        payload_bytes=n * q, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=n * q, bus_factor=bus_factor("all_gather", n),
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="ep_load_balance_loss",
@@ -110,5 +110,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=tokens * experts * b + tokens * top_k * 8 + experts * 8 + 8,
         flops=6 * tokens * experts,
-        payload_bytes=payload, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=payload, bus_factor=bus_factor("all_reduce", n),
     )

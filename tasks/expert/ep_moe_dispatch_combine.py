@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="ep_moe_dispatch_combine",
@@ -155,5 +155,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=2 * tokens * hidden * b + local_experts * hidden * hidden * b + 3 * rows_here * hidden * b,
         flops=2 * rows_here * hidden * hidden + 2 * tokens * top_k * hidden,
-        payload_bytes=2 * tokens * top_k * hidden * b, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=2 * tokens * top_k * hidden * b, bus_factor=bus_factor("all_to_all", n),
     )

@@ -16,7 +16,7 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 MAX_NORM = 1.0
 
@@ -104,5 +104,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=3 * local_elems * ctx.dtype.itemsize,
         flops=3 * local_elems,
-        payload_bytes=4, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=4, bus_factor=bus_factor("all_reduce", n),
     )

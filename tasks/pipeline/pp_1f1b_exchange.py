@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 GAIN = 1.5  # as in pp_send_recv_microbatches: O(1) activations and gradients through any depth
 
@@ -169,6 +169,8 @@ def traffic(ctx: TaskContext) -> Traffic:
     # weight read twice and the float32 gradients written once. FLOPs per micro-batch: the forward
     # GEMM and the weight-gradient GEMM, plus the input-gradient GEMM on every stage but the first
     # (stage 0 has no one to send it to; counting it there put an H200 at 109% of the floor).
+    # Messages: stage 0's weight gradient needs activations forward through n-1 boundaries and their
+    # gradients back through n-1, one after another: 2(n-1) dependent messages.
     n, r = ctx.world_size, ctx.rank
     p = ctx.params
     b = ctx.dtype.itemsize
@@ -180,5 +182,6 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=send, recv_bytes=send,
         memory_bytes=11 * act_bytes + 2 * (h * h + h) * b + 4 * (h * h + h),
         flops=(6 if r > 0 else 4) * act_elems * h + 20 * act_elems,
-        payload_bytes=send, bus_factor=1.0,
+        payload_bytes=send, bus_factor=bus_factor("sendrecv", n),
+        messages=max(1, 2 * (n - 1)),
     )

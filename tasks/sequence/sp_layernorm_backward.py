@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 EPS = 1e-5
 
@@ -108,5 +108,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=3 * shard_elems * b + hidden * b + grads_bytes + wire,
         flops=17 * shard_elems + (n - 1) * 2 * hidden // n,
-        payload_bytes=grads_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=grads_bytes, bus_factor=bus_factor("all_reduce", n),
     )

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 EPS = 1e-6
 
@@ -80,10 +80,15 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[tuple[torc
 
 
 def traffic(ctx: TaskContext) -> Traffic:
-    # Reduce-scatter of the [T, H] partials: rank r needs the other n-1 partials of its T/n rows,
-    # (n-1)/n * T*H*b in, and owes each peer its partial of theirs, (n-1)/n * T*H*b out. Memory:
-    # read the partial and the incoming chunks, the residual shard and gamma, write two shards.
-    # FLOPs: the n-1 adds per owned element, then add, square, mean, scale and gamma (~5 each).
+    """The least a rank moves for reduce-scatter + residual add + RMSNorm of its rows.
+
+    Wire: rank r needs the other n-1 partials of its T/n rows, (n-1)/n * T*H*b in, and owes each
+    peer its partial of theirs, (n-1)/n * T*H*b out.
+    Memory, the minimum: its [T, H] partial read once (its own rows by itself, the others by the
+    peer that pulls them into registers to add), the residual shard and gamma read, two shards
+    written. Incoming chunks need not be staged (the former model read them again: "+ wire").
+    FLOPs: the n-1 adds per owned element, then add, square, mean, scale and gamma (~5 each).
+    """
     p, n, b = ctx.params, ctx.world_size, ctx.dtype.itemsize
     tokens, hidden = p["tokens"], p["hidden"]
     partial_bytes = tokens * hidden * b
@@ -91,7 +96,7 @@ def traffic(ctx: TaskContext) -> Traffic:
     shard_elems = tokens * hidden // n
     return Traffic(
         send_bytes=wire, recv_bytes=wire,
-        memory_bytes=partial_bytes + wire + 3 * shard_elems * b + hidden * b,
+        memory_bytes=partial_bytes + 3 * shard_elems * b + hidden * b,
         flops=(n - 1) * shard_elems + 5 * shard_elems,
-        payload_bytes=partial_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=partial_bytes, bus_factor=bus_factor("reduce_scatter", n),
     )

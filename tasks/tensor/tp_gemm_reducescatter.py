@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="tp_gemm_reducescatter",
@@ -78,5 +78,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=(tokens + n_out) * (k // n) * b + partial_bytes + wire + partial_bytes // n,
         flops=2 * tokens * (k // n) * n_out + (n - 1) * tokens * n_out // n,
-        payload_bytes=partial_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=partial_bytes, bus_factor=bus_factor("reduce_scatter", n),
     )

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="tp_row_linear_allreduce",
@@ -79,5 +79,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=(tokens + n_out) * (k // n) * b + n_out * b + y_bytes + wire,
         flops=2 * tokens * (k // n) * n_out + (n - 1) * tokens * n_out // n + tokens * n_out,
-        payload_bytes=y_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=y_bytes, bus_factor=bus_factor("all_reduce", n),
     )

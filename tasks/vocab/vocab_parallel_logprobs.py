@@ -19,7 +19,7 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="vocab_parallel_logprobs",
@@ -102,5 +102,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=shard_elems * ctx.dtype.itemsize + 8 * positions + 4 * positions,
         flops=4 * shard_elems,
-        payload_bytes=payload, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=payload, bus_factor=bus_factor("all_reduce", n),
     )
