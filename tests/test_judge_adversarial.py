@@ -28,14 +28,14 @@ WRONG_ANSWERS = {
     "lying-subclass": "failed",       # a tensor whose operations claim zero error
     "forge-events": "failed",         # appends forged 'passed' lines to the event files
 }
-RIGHT_ANSWERS = ("slow-baseline", "patch-clock", "cpu-burner")  # correct, attack the timing
+RIGHT_ANSWERS = ("slow-baseline", "cpu-burner")  # correct, attack the timing
 # With the attack working these read 10x-1000x (a 20 ms sleep in each baseline call, clocks at 0).
 MAX_SPEEDUP = 3.0
 
 
 @pytest.mark.timeout(900)
 def test_attacks_get_honest_verdicts_and_an_honest_model_after_them_keeps_its_own(cli, tmp_db: Path) -> None:
-    attacks = [*WRONG_ANSWERS, *RIGHT_ANSWERS, "forge-reply", "kill-judge"]
+    attacks = [*WRONG_ANSWERS, *RIGHT_ANSWERS, "patch-clock", "forge-reply", "kill-judge"]
     models = ",".join([*(str(ADVERSARIAL / a) for a in attacks), str(HONEST)])
     result = cli("run", "--task", "all_reduce", "--model", models, "--world-size", "2", "--size", "small",
                  "--trials", "2", "--iterations", "12", "--warmup", "2", "--timeout", "120", "--json")
@@ -46,6 +46,9 @@ def test_attacks_get_honest_verdicts_and_an_honest_model_after_them_keeps_its_ow
         run = runs[attack]
         assert run["status"] == "passed", (attack, run)
         assert run["speedup"] is not None and run["speedup"] < MAX_SPEEDUP, (attack, run["speedup"])
+    # Right answers, but the runner's own timing report was patched to zero: caught, and failed.
+    assert runs["patch-clock"]["status"] == "failed", runs["patch-clock"]
+    assert "timing tampered" in runs["patch-clock"]["status_detail"], runs["patch-clock"]
     # Answering on the runner's pipe: never a pass.
     assert runs["forge-reply"]["status"] in ("failed", "error"), runs["forge-reply"]
     # Signalling the judge: refused where Landlock scopes signals (ABI 6+), and then the right answer

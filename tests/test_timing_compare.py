@@ -25,15 +25,16 @@ def test_percentile_interpolates() -> None:
 
 
 def test_a_runner_report_the_judges_clock_rules_out_is_tampering() -> None:
-    # An honest runner reports a little less than the judge saw (the pipe, the wake-up).
-    assert timing.reconcile(wall_us=10_000.0, reported_us=9_900.0, overhead_us=100.0)
+    honest = [(10_000.0, 9_900.0)] * 9
+    assert timing.reconcile(honest, overhead_us=100.0) is None
+    # Now and then a descheduled runner reports far less than its judge waited: still honest.
+    assert timing.reconcile(honest + [(110_000.0, 5_900.0)], overhead_us=100.0) is None
     # More device time than the wall time around it: impossible.
-    assert not timing.reconcile(wall_us=10_000.0, reported_us=20_000.0, overhead_us=100.0)
-    # A block claimed to take nothing, or a tenth of what it took: a lie.
-    assert not timing.reconcile(wall_us=100_000.0, reported_us=0.001 * 1000, overhead_us=100.0)
-    assert not timing.reconcile(wall_us=100_000.0, reported_us=10_000.0, overhead_us=100.0)
-    assert timing.reconcile(wall_us=100_000.0, reported_us=30_000.0, overhead_us=100.0)  # a descheduled runner
-    assert not timing.reconcile(wall_us=1_000.0, reported_us=float("nan"), overhead_us=10.0)
+    assert "reported" in timing.reconcile(honest + [(10_000.0, 20_000.0)], overhead_us=100.0)
+    assert timing.reconcile([(1_000.0, float("nan"))], overhead_us=10.0) is not None
+    # Clocks patched to zero, or a tenth of every block: a lie.
+    assert timing.reconcile([(10_000.0, 0.0)] * 10, overhead_us=100.0) is not None
+    assert timing.reconcile([(100_000.0, 5_000.0)] * 10, overhead_us=100.0) is not None
 
 
 def test_nan_never_passes_even_where_tolerance_is_huge() -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pkb_tui.engine import events as ev
+from pkb_tui.engine import stats
 from pkb_tui.engine.modes import choose_mode, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
@@ -374,7 +375,7 @@ class Launcher:
         passed = sum(1 for t in trials if t["correct"])
         worst = max(trials, key=lambda t: (not t["correct"], t["max_abs_error"] or 0.0), default=None)
         timed_ok = state.timed_check["correct"] if state.timed_check else True
-        baseline_t = state.timings.get("baseline")
+        timing_fields = self._timing_fields(state, request)
         for variant in ("baseline", "candidate"):
             timing_event = state.timings.get(variant)
             fields: dict[str, Any] = {"traffic": traffic.__dict__ if traffic else None}
@@ -392,20 +393,41 @@ class Launcher:
                         worst_rank=worst["worst_rank"] if worst else None,
                     )
             if timing_event is not None:
-                fields.update(
-                    median_us=timing_event.median_us, p10_us=timing_event.p10_us, p90_us=timing_event.p90_us,
-                    mean_us=timing_event.mean_us, min_us=timing_event.min_us, max_us=timing_event.max_us,
-                    iterations=timing_event.iterations,
-                )
-                if variant == "candidate" and baseline_t is not None and timing_event.median_us > 0:
-                    fields["speedup"] = baseline_t.median_us / timing_event.median_us
-                fields.update(self._roofline(traffic, timing_event.median_us, request))
+                fields.update(timing_fields.get(variant, {}))
+                median_us = fields.get("median_us")
+                if median_us:
+                    fields.update(self._roofline(traffic, median_us, request))
             link = state.link_bytes.get(variant)
             if link is not None:
                 fields["link_bytes_per_iter"] = link.nvlink_bytes_per_iter
                 fields["pcie_bytes_per_iter"] = link.pcie_bytes_per_iter
                 fields["traffic_flag"] = _traffic_flag(link, traffic, self._mode)
             store.add_result(state.run_id, variant, fields)
+
+    def _timing_fields(self, state: _RunState, request: RunRequest) -> dict[str, dict[str, Any]]:
+        """Both methods' figures per variant and the speedup with its interval (engine.stats), from
+        the judges' per-round figures; the user's basis (eager or graph) fills median_us/speedup."""
+        base, cand = state.timings.get("baseline"), state.timings.get("candidate")
+        if base is None:
+            return {}
+
+        def rounds(event: ev.Timing | None, method: str) -> list[list[float]] | None:
+            figures = getattr(event, method, None) if event is not None else None
+            return (figures or {}).get("rounds_us") or None
+
+        eager = stats.MethodRounds(rounds(base, "eager"), rounds(cand, "eager"))
+        graph_note = (cand.graph_note if cand is not None else None) or base.graph_note
+        graph = stats.MethodRounds(rounds(base, "graph"), rounds(cand, "graph"), note=graph_note)
+        basis = getattr(request, "speedup_basis", "eager") or "eager"
+        if basis == "graph" and not graph.candidate_rounds:
+            basis = "eager"  # no graph figure to pick: say which one was used
+        try:
+            return stats.timing_result_fields(
+                eager, graph, basis=basis, statistic=stats.round_statistic_for(self._mode),
+                noise_floor_fraction=(getattr(self, "_noise_floor", None) or {}).get("noise_floor_fraction"),
+            )
+        except ValueError:
+            return {}
 
     def _traffic(self, task_id: str, request: RunRequest) -> Traffic | None:
         """The task's roofline model, the busiest rank's figure for each quantity."""

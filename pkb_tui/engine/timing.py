@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pkb_tui.engine.stats import percentile
+
 # A runner's report may exceed the judge's wall time around it by this much (clock granularity).
 REPORT_SLACK_US = 50.0
 
@@ -25,15 +27,6 @@ class TimingStats:
     min_us: float
     max_us: float
     iterations: int
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile of already sorted values, q in [0, 100]."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def summarize(values: list[float]) -> TimingStats:
@@ -50,14 +43,23 @@ def per_call_us(wall_us: float, overhead_us: float, calls: int) -> float:
     return max(0.0, wall_us - overhead_us) / max(1, calls)
 
 
-def reconcile(wall_us: float, reported_us: float, overhead_us: float) -> bool:
-    """Could a runner's report of a block's device time be true, given the judge's wall time?
+def reconcile(blocks: list[tuple[float, float]], overhead_us: float) -> str | None:
+    """Could a runner's reports of its blocks' device time be true, given the judge's wall times?
 
-    Never more than the wall time around it; never a small fraction of the block minus the
-    harness's share. The lower bound is loose on purpose: a runner descheduled on a loaded CPU
-    reports less than the judge waited, and the verdict never rests on this figure anyway."""
-    if not math.isfinite(reported_us) or reported_us < 0:
-        return False
-    if reported_us > wall_us + REPORT_SLACK_US:
-        return False
-    return reported_us >= 0.2 * (wall_us - 2.0 * overhead_us) - 5_000.0
+    ``blocks``: (wall_us, reported_us) per block, both from one rank. Impossible: a report above
+    the wall time around it, or not a number. A lie: in most blocks, less than a tenth of what the
+    block took beyond the harness's share. (Per block the lower bound would be unsafe: a runner
+    descheduled on a loaded CPU reports far less than its judge waited, now and then.) The verdict
+    never rests on these reports; a runner caught lying about them was tampered with.
+    Returns None when they reconcile, else the sentence."""
+    if not blocks:
+        return None
+    ratios = []
+    for wall_us, reported_us in blocks:
+        if not math.isfinite(reported_us) or reported_us < 0 or reported_us > wall_us + REPORT_SLACK_US:
+            return f"reported {reported_us:.0f} us for a block the judge timed at {wall_us:.0f} us"
+        ratios.append(reported_us / max(wall_us - overhead_us, 1.0))
+    typical = percentile(sorted(ratios), 50)
+    if typical < 0.1:
+        return f"reported {100 * typical:.1f}% of the time the judge saw in a typical block"
+    return None
