@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from pkb_tui.errors import PkbError
+from pkb_tui.store.generate import GenerateStore
 from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 DEFAULT_DB = "runs.db"
@@ -68,7 +69,7 @@ def _run_filters(prefix: str, **filters: Any) -> tuple[list[str], list[Any]]:
     return where, args
 
 
-class Store:
+class Store(GenerateStore):
     """Everything the project reads from and writes to runs.db."""
 
     def __init__(self, path: Path | str | None = None, *, recover: bool = True) -> None:
