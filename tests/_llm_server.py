@@ -159,13 +159,14 @@ class LlmServer:
 def models_toml(path: Any, url: str, *, name: str = "local", api: str = "openai", stream: bool = True,
                 concurrency: int = 2, max_retries: int = 3, key_env: str | None = "PKB_TEST_KEY", **extra: Any) -> Any:
     """Write a models config pointing at the test server; returns its path."""
-    lines = [f"[endpoints.{name}]", f'api = "{api}"', f'base_url = "{url}"', 'model = "test-model-1"',
-             "max_output_tokens = 4096", "temperature = 0.2", "price_input_per_mtok = 3.0",
-             "price_output_per_mtok = 15.0", f"concurrency = {concurrency}", "timeout_s = 20.0",
-             f"stream = {'true' if stream else 'false'}", f"max_retries = {max_retries}", "retry_base_s = 0.05"]
+    fields: dict[str, Any] = {
+        "api": api, "base_url": url, "model": "test-model-1", "max_output_tokens": 4096, "temperature": 0.2,
+        "price_input_per_mtok": 3.0, "price_output_per_mtok": 15.0, "concurrency": concurrency, "timeout_s": 20.0,
+        "stream": stream, "max_retries": max_retries, "retry_base_s": 0.05,
+    }
     if key_env:
-        lines.append(f'api_key_env = "{key_env}"')
-    for key, value in extra.items():
-        lines.append(f"{key} = {json.dumps(value)}")
+        fields["api_key_env"] = key_env
+    fields.update(extra)
+    lines = [f"[endpoints.{name}]"] + [f"{key} = {json.dumps(value)}" for key, value in fields.items()]
     path.write_text("\n".join(lines) + "\n")
     return path

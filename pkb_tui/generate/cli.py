@@ -126,9 +126,13 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         best = m["best_speedup"]
         rows.append((task_id, str(m["n"]), str(m["correct"]), _pct(m["pass_at"].get(1)), _pct(m["pass_at"].get(k)),
                      _pct(m["fast_at"]["1"].get(1)), f"{best:.2f}x" if best else "-"))
-    _print_table(("task", "samples", "correct", "pass@1", f"pass@{k}", "fast_1@1", "best speedup"), rows, out)
+    header = ("task", "samples", "correct", "pass@1", f"pass@{k}", "fast_1@1", "best speedup")
+    if k == 1:  # pass@K is pass@1: one column
+        header, rows = header[:4] + header[5:], [r[:4] + r[5:] for r in rows]
+    _print_table(header, rows, out)
     suite = summary["suite"]
-    out.write(f"suite: pass@1 {_pct(suite.get('pass@1'))}, pass@{k} {_pct(suite.get(f'pass@{k}'))}, "
+    pass_k = f", pass@{k} {_pct(suite.get(f'pass@{k}'))}" if k > 1 else ""
+    out.write(f"suite: pass@1 {_pct(suite.get('pass@1'))}{pass_k}, "
               f"fast_1@1 {_pct(suite.get('fast_1@1'))}; {summary['requests']} requests, "
               f"{summary['prompt_tokens']:,} + {summary['completion_tokens']:,} tokens, ${summary['cost_usd']:.4f}\n")
     out.write(f"generation run {summary['gen_run_id']}: {summary['status']}"

@@ -256,7 +256,8 @@ class GenerationLoop:
             notes.append(f"Your reply was cut at the output limit ({self.endpoint.max_output_tokens} tokens): be shorter.")
         status = last.get("candidate_status")
         if status == "no_code":
-            notes.append(f"Your reply had no code: {last.get('extraction')}. Reply with one ```python block defining solution.")
+            notes.append(f"Your reply had no usable code ({last.get('extraction')}): reply with one ```python block "
+                         "defining solution.")
         elif status == "invalid":
             notes.append(f"Your code was not run: {last.get('candidate_detail')}")
         elif last.get("run_id") is not None:
