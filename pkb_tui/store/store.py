@@ -371,6 +371,8 @@ class Store(GenerateStore):
         for row in self.conn.execute(sql):
             if wanted is not None and row["task_id"] not in wanted:
                 continue
+            if row["model"].startswith("gen:"):
+                continue  # generated candidates: ranked per endpoint (pkb_tui.generate.report), not per sample
             entry = board.setdefault(row["model"], {
                 "model": row["model"], "tasks": 0, "correct": 0, "fast_1": 0, "fast_1_5": 0, "_logs": [],
             })
