@@ -100,6 +100,9 @@ def cmd_generate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
             print(f"skipped: {sentence}", file=sys.stderr)
     if not args.json:
         print(f"generation run {gen_run_id} ({endpoint.name}: {endpoint.model})", file=sys.stderr)
+    from pkb_tui.cli import _terminate_as_interrupt
+
+    _terminate_as_interrupt()  # SIGTERM ends it like Ctrl-C: recorded as interrupted, resumable
     try:
         summary = loop.run(gen_run_id)
     finally:

@@ -145,13 +145,17 @@ class GenerationLoop:
     # ------------------------------------------------------------------ running
     def run(self, gen_run_id: int) -> dict[str, Any]:
         """Generate and evaluate every round of a generation run (new or resumed); returns its summary."""
-        store = Store(self.db_path, recover=True)
-        try:
+        with Store(self.db_path, recover=True) as store:
             store.recover_gen_runs()
             info = store.gen_run(gen_run_id)
-            if info["endpoint"] != self.endpoint.name and info["model_id"] != self.endpoint.model:
-                raise PkbError(f"Generation run {gen_run_id} was made with endpoint {info['endpoint']!r} "
-                               f"({info['model_id']}); resume it with --model {info['endpoint']}.")
+        if info["status"] == "running" and info["launcher_pid"] != os.getpid():
+            raise PkbError(f"Generation run {gen_run_id} is running in process {info['launcher_pid']} on "
+                           f"{info['launcher_host']}; stop that one first (two would send the same requests).")
+        if info["endpoint"] != self.endpoint.name and info["model_id"] != self.endpoint.model:
+            raise PkbError(f"Generation run {gen_run_id} was made with endpoint {info['endpoint']!r} "
+                           f"({info['model_id']}); resume it with --model {info['endpoint']}.")
+        store = Store(self.db_path)
+        try:
             store.update_gen_run(gen_run_id, status="running", status_detail=None, finished_at=None,
                                  launcher_pid=os.getpid())
             request = GenerateRequest.from_dict(info["request"])
@@ -181,6 +185,7 @@ class GenerationLoop:
                 raise self._quota
             return summary
         except BaseException as exc:
+            self.cancel.set()  # requests not yet started stay unsent; those in flight still store their replies
             if not isinstance(exc, QuotaError):
                 try:
                     store.update_gen_run(gen_run_id, status="interrupted" if isinstance(exc, KeyboardInterrupt) else "error",
