@@ -143,3 +143,30 @@ def test_a_killed_generate_resumes_without_repeating_finished_requests(tmp_path:
         assert texts[:2] == [NO_CODE + " (1)", NO_CODE + " (2)"]  # the replies from before the kill, kept
         assert store.gen_run(1)["status"] == "finished"
     assert json.loads(resumed.stdout)["requests"] == 4
+
+
+def test_a_quota_error_stops_the_generation_and_a_resume_sends_only_what_is_left(cli, tmp_path: Path) -> None:
+    quota = Scripted(status=429, error={"type": "insufficient_quota", "code": "insufficient_quota",
+                                        "message": "You exceeded your current quota."})
+    script = [Scripted(text=NO_CODE), Scripted(status=400, error={"message": "max_tokens is too large"}), quota]
+    db = tmp_path / "runs.db"
+    with LlmServer(lambda record: script.pop(0)) as server:
+        config = models_toml(tmp_path / "models.toml", server.url, concurrency=1)
+        common = ("--db", str(db), "generate", "--models-config", str(config))
+        stopped = cli(*common, "--task", "all_reduce", "--model", "local", "--samples", "4", "--mode", "cpu",
+                      "--out", str(tmp_path))
+        assert stopped.code == 2 and "quota or billing" in stopped.err
+        assert len(server.requests) == 3  # the quota error was not retried, and sample 3 was never sent
+        with Store(db) as store:
+            assert store.gen_run(1)["status"] == "stopped"
+            rows = store.gen_requests(1)
+            assert [(r["status"], r["candidate_status"]) for r in rows] == [
+                ("replied", "no_code"), ("failed", "request_failed"), ("pending", None), ("pending", None)]
+            assert "max_tokens is too large" in rows[1]["error"]
+        script += [Scripted(text=NO_CODE), Scripted(text=NO_CODE)]
+        resumed = cli(*common, "--resume", "1")
+        assert resumed.code == 1, resumed.err
+        assert len(server.requests) == 5  # samples 2 and 3 only: the failed request is finished, not resent
+    with Store(db) as store:
+        assert store.gen_run(1)["status"] == "finished"
+        assert [r["sample"] for r in store.gen_requests(1)] == [0, 1, 2, 3]
