@@ -124,12 +124,12 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
     from pkb_tui.cli import _print_table
 
     k = summary["request"]["samples"]
-    rows = []
+    rows: list[Any] = []
     for task_id, m in summary["tasks"].items():
         best = m["best_speedup"]
         rows.append((task_id, str(m["n"]), str(m["correct"]), _pct(m["pass_at"].get(1)), _pct(m["pass_at"].get(k)),
                      _pct(m["fast_at"]["1"].get(1)), f"{best:.2f}x" if best else "-"))
-    header = ("task", "samples", "correct", "pass@1", f"pass@{k}", "fast_1@1", "best speedup")
+    header: tuple[str, ...] = ("task", "samples", "correct", "pass@1", f"pass@{k}", "fast_1@1", "best speedup")
     if k == 1:  # pass@K is pass@1: one column
         header, rows = header[:4] + header[5:], [r[:4] + r[5:] for r in rows]
     _print_table(header, rows, out)
@@ -159,7 +159,7 @@ def cmd_generations(args: argparse.Namespace, db: Path | None, out: TextIO) -> i
                 out.write("\n")
                 return EXIT_OK
             _print_summary(summary, out)
-            rows = [(r["task_id"], str(r["sample"]), str(r["round"]), r["status"], r["finish_reason"] or "-",
+            rows: list[Any] = [(r["task_id"], str(r["sample"]), str(r["round"]), r["status"], r["finish_reason"] or "-",
                      str(r["completion_tokens"] or "-"), r["candidate_status"] or "-",
                      str(r["run_id"] or "-"), r["run_status"] or "-",
                      f"{r['speedup']:.2f}x" if r.get("speedup") else "-") for r in requests]

@@ -131,7 +131,8 @@ def _endpoint(file: Path, name: str, table: Any) -> Endpoint:
     for key in ("max_output_tokens", "concurrency"):
         if key in table and table[key] < 1:
             raise PkbError(f"{where}: {key} must be at least 1.")
-    return Endpoint(name=name, **{k: float(v) if _TYPES[k] == (int, float) else v for k, v in table.items()})
+    values: dict[str, Any] = {k: float(v) if _TYPES[k] == (int, float) else v for k, v in table.items()}
+    return Endpoint(name=name, **values)
 
 
 def find_endpoint(name: str, path: str | Path | None = None) -> Endpoint:

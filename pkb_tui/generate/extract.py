@@ -19,6 +19,7 @@ import ast
 import builtins
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 _PYTHON_LABELS = {"", "python", "py", "python3", "py3", "pycon"}
 
@@ -46,7 +47,7 @@ def _blocks(reply: str) -> list[_Block]:
     and closes with a line of the same character, at least as long; an open last block runs to the end."""
     out: list[_Block] = []
     fence: str | None = None
-    label, lines = "", []
+    label, lines = "", cast(list[str], [])
     for line in reply.splitlines():
         stripped = line.strip()
         if fence is None:

@@ -291,7 +291,7 @@ class GenerationLoop:
     # ------------------------------------------------------------------ one request (worker thread)
     def _ask(self, store: Store, gen_run_id: int, request_id: int, task_id: str, sample: int, round_index: int,
              prompt: Prompt) -> None:
-        where = dict(gen_run_id=gen_run_id, task_id=task_id, sample=sample, round=round_index, request_id=request_id)
+        where: dict[str, Any] = dict(gen_run_id=gen_run_id, task_id=task_id, sample=sample, round=round_index, request_id=request_id)
         if self.cancel.is_set() or self._quota is not None:
             return
         try:

@@ -82,8 +82,8 @@ def suite_mean(per_task: dict[str, TaskMetrics], k: int, p: float | None = None)
         (m.pass_at.get(k) if p is None else m.fast_at.get(f"{p:g}", {}).get(k))
         for m in per_task.values()
     ]
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def fast_p_curve(outcomes: list[SampleOutcome], ps: Iterable[float]) -> list[tuple[float, float]]:

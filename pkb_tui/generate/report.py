@@ -22,7 +22,7 @@ def endpoint_leaderboard(store: Any) -> list[dict[str, Any]]:
     board = []
     for (endpoint, model), candidates in groups.items():
         outcomes = outcomes_from_candidates(candidates)
-        per_task_n = {}
+        per_task_n: dict[str, int] = {}
         for o in outcomes:
             per_task_n[o.task_id] = per_task_n.get(o.task_id, 0) + 1
         k = min(per_task_n.values()) if per_task_n else 1

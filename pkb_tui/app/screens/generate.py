@@ -245,7 +245,7 @@ class GenerateScreen(Screen):
         mode = self.query_one("#gen-mode", Select).value
         tasks = [t.strip() for t in self.query_one("#gen-tasks", Input).value.split(",") if t.strip()]
         request = GenerateRequest(
-            tasks=tasks, samples=samples, rounds=rounds, world_size=int(self.query_one("#gen-world-size", Select).value),
+            tasks=tasks, samples=samples, rounds=rounds, world_size=int(cast(Any, self.query_one("#gen-world-size", Select).value)),
             mode=None if mode == "auto" else str(mode), size=str(self.query_one("#gen-size", Select).value),
         )
         self.cancel = threading.Event()
@@ -258,10 +258,14 @@ class GenerateScreen(Screen):
         from pkb_tui.generate.loop import GenerationLoop
 
         gen_run_id = None
+
+        def post(event: "GenEvent") -> None:
+            self.post_message(GenUpdate(event))
+
         try:
             loop = GenerationLoop(
                 self.pkb.config.db_path, endpoint, out_root=self.pkb.config.defaults.get("gen_out"),
-                runs_dir=self.pkb.config.runs_dir, on_event=lambda e: self.post_message(GenUpdate(e)), cancel=self.cancel,
+                runs_dir=self.pkb.config.runs_dir, on_event=post, cancel=self.cancel,
             )
             try:
                 gen_run_id = loop.start(request)
