@@ -174,6 +174,13 @@ def test_the_concurrency_limit_holds_requests_in_flight(tmp_path: Path) -> None:
     assert peak[0] == 2
 
 
+def test_max_completion_tokens_for_openai_reasoning_models(tmp_path: Path) -> None:
+    with LlmServer([Scripted(text=ONE_BLOCK)]) as server:
+        _ask(_client(tmp_path, server, "openai", False, max_tokens_param="max_completion_tokens"))
+    body = server.requests[0]["body"]
+    assert body["max_completion_tokens"] == 4096 and "max_tokens" not in body
+
+
 def test_config_mistakes_are_one_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     missing = tmp_path / "nope.toml"
     with pytest.raises(PkbError, match="No models config at .*nope.toml.*--models-config") as info:

@@ -168,3 +168,14 @@ async def _leaderboard(db: Path, run_ids: list[int]) -> None:
 def test_leaderboard_with_endpoints_snapshot(seeded, snap_compare):
     db, _ = seeded
     assert snap_compare(PkbApp(config=app_config(db)), press=["h", "b"], run_before=settle, terminal_size=(100, 40))
+
+
+def test_a_request_in_flight_shows_its_streamed_token_count() -> None:
+    from pkb_tui.app.screens.generate import request_row
+
+    row = {"id": 7, "task_id": "all_reduce", "sample": 1, "round": 0, "status": "sent", "completion_tokens": None}
+    cells = request_row(row, streamed=42)
+    assert cells[3] == "~42" and str(cells[4]) == "sending"
+    landed = request_row({**row, "status": "replied", "completion_tokens": 512, "candidate_status": "pending",
+                          "cost_usd": 0.0081}, streamed=42)
+    assert landed[3] == "512" and str(landed[4]) == "to run" and "$0.0081" in str(landed[7])

@@ -134,3 +134,26 @@ def test_the_generation_tables_keep_a_reply_once_and_recover_a_dead_run(tmp_path
         assert store.recover_gen_runs() == 1
         assert store.gen_run(gen)["status"] == "interrupted"
         assert "--resume" in store.gen_run(gen)["status_detail"]
+
+
+def test_the_digest_of_an_evaluation_gives_verdict_errors_speed_roofline_and_kernels(tmp_path: Path) -> None:
+    from pkb_tui.generate.prompts import digest_run
+    from tests.app_fixtures import seed_runs
+
+    db = tmp_path / "runs.db"
+    run_ids = seed_runs(db)
+    with Store(db) as store:
+        wrong, right = store.run(run_ids[0]), store.run(run_ids[1])
+    wrong_text = digest_run(wrong)
+    assert wrong_text.startswith("Verdict: failed") and "WRONG" in wrong_text and "mismatch at 4,096 elements" in wrong_text
+    assert "rank 0: max_abs_error 0.001" in wrong_text
+    right_text = digest_run(right, log_tail="Traceback: boom")
+    assert "speedup 2.00x" in right_text and "p10" in right_text and "Roofline: 84.0%" in right_text
+    assert "ring_allreduce_kernel<bf16> [candidate]" in right_text and "Traceback: boom" in right_text
+
+
+def test_print_prompt_sends_nothing_and_shows_the_hardware(cli, tmp_path: Path) -> None:
+    result = cli("--db", str(tmp_path / "runs.db"), "generate", "--task", "all_reduce,broadcast", "--print-prompt",
+                 "--mode", "cpu")
+    assert result.code == 0, result.err
+    assert result.out.count("===== ") == 2 and "## Hardware" in result.out and "Not calibrated" in result.out

@@ -30,6 +30,8 @@ def add_parsers(sub: Any) -> None:
     gen.add_argument("--out", help="folder under which solutions/gen/... is written (default: the project root)")
     gen.add_argument("--resume", type=int, metavar="GEN_ID", help="continue a generation run without repeating finished requests")
     gen.add_argument("--json", action="store_true", help="print one JSON document")
+    gen.add_argument("--print-prompt", action="store_true",
+                     help="print the first-round prompt of each task (with this host's hardware) and send nothing")
     gen.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
 
     gens = sub.add_parser("generations", help="generation runs, pass@k and fast_p@k per task and endpoint")
@@ -76,6 +78,8 @@ def cmd_generate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
 
     db_path = db or default_db_path()
     Store(db_path).close()  # a bad --db fails here, before anything is asked
+    if args.print_prompt:
+        return _print_prompts(args, db_path, out)
     out_root = Path(args.out).resolve() if args.out else None
     if args.resume is not None:
         with Store(db_path) as store:
@@ -114,6 +118,31 @@ def cmd_generate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         _print_summary(summary, out)
     every_task_solved = bool(summary["tasks"]) and all(t["correct"] > 0 for t in summary["tasks"].values())
     return EXIT_OK if every_task_solved else EXIT_CANDIDATE_FAILED
+
+
+def _print_prompts(args: argparse.Namespace, db_path: Path, out: TextIO) -> int:
+    from pkb_tui.engine.modes import choose_mode
+    from pkb_tui.generate.prompts import load_hardware, task_prompt
+    from pkb_tui.store import Store
+    from tasks.base import all_tasks, load_task
+
+    if not args.task:
+        raise PkbError("--print-prompt needs --task ID[,ID...].")
+    mode = choose_mode(args.world_size, None if args.mode == "auto" else args.mode)
+    task_ids = list(all_tasks()) if args.task == "all" else _split(args.task)
+    with Store(db_path) as store:
+        hardware = load_hardware(store, mode, args.world_size)
+    for task_id in task_ids:
+        task = load_task(task_id)
+        task.check_request(world_size=args.world_size, mode=mode, dtype=args.dtype, size=args.size)
+        prompt = task_prompt(task, world_size=args.world_size, mode=mode, size=args.size, dtype=args.dtype, hardware=hardware)
+        if args.json:
+            out.write(json.dumps({"task": task_id, "sha256": prompt.sha256, "template": prompt.template,
+                                  "system": prompt.system, "messages": prompt.messages}) + "\n")
+        else:
+            out.write(f"===== {task_id} (sha256 {prompt.sha256[:16]}, {prompt.template})\n")
+            out.write(f"----- system\n{prompt.system}\n----- user\n{prompt.messages[0]['content']}\n")
+    return EXIT_OK
 
 
 def _pct(value: float | None) -> str:

@@ -185,7 +185,7 @@ class ChatClient:
                 headers["authorization"] = f"Bearer {self._key}"
             body: dict[str, Any] = {
                 "model": e.model, "messages": [{"role": "system", "content": system}, *turns] if system else turns,
-                "max_tokens": e.max_output_tokens, "stream": e.stream,
+                e.max_tokens_param: e.max_output_tokens, "stream": e.stream,
             }
             if e.stream:
                 body["stream_options"] = {"include_usage": True}

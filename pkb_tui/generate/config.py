@@ -13,6 +13,7 @@
     timeout_s = 600                        # per request; a stream fails when silent this long
     stream = true
     max_retries = 4
+    max_tokens_param = "max_tokens"        # openai: "max_completion_tokens" for OpenAI's reasoning models
 
 A local server (vLLM, Ollama) may leave api_key_env out.
 """
@@ -49,6 +50,8 @@ class Endpoint:
     max_retries: int = 4
     retry_base_s: float = 1.0  # first back-off when the server gives no retry-after; doubles each time
     retry_max_wait_s: float = 120.0  # a longer retry-after fails the request instead of stalling the run
+    # OpenAI's reasoning models refuse max_tokens and want max_completion_tokens; most other servers take max_tokens.
+    max_tokens_param: str = "max_tokens"
 
     @property
     def slug(self) -> str:
@@ -81,7 +84,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "api": (str,), "base_url": (str,), "model": (str,), "api_key_env": (str,), "max_output_tokens": (int,),
     "temperature": (int, float), "price_input_per_mtok": (int, float), "price_output_per_mtok": (int, float),
     "concurrency": (int,), "timeout_s": (int, float), "stream": (bool,), "max_retries": (int,),
-    "retry_base_s": (int, float), "retry_max_wait_s": (int, float),
+    "retry_base_s": (int, float), "retry_max_wait_s": (int, float), "max_tokens_param": (str,),
 }
 
 
@@ -128,6 +131,8 @@ def _endpoint(file: Path, name: str, table: Any) -> Endpoint:
         raise PkbError(f"{where}: api must be one of {', '.join(APIS)} (got {table['api']!r}).")
     if not str(table["base_url"]).startswith(("http://", "https://")):
         raise PkbError(f"{where}: base_url must start with http:// or https:// (got {table['base_url']!r}).")
+    if table.get("max_tokens_param", "max_tokens") not in ("max_tokens", "max_completion_tokens"):
+        raise PkbError(f"{where}: max_tokens_param must be max_tokens or max_completion_tokens.")
     for key in ("max_output_tokens", "concurrency"):
         if key in table and table[key] < 1:
             raise PkbError(f"{where}: {key} must be at least 1.")
