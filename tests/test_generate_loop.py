@@ -135,6 +135,7 @@ def test_a_killed_generate_resumes_without_repeating_finished_requests(tmp_path:
                                  env=env, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 1, resumed.stderr  # no sample was correct: exit 1, not an error
     assert len(server.requests) == 5  # the hung third and the never-sent fourth; not the two finished ones
+    assert server.requests[3]["body"] == server.requests[2]["body"]  # the cut request asked again in the same words
     with Store(db) as store:
         rows = store.gen_requests(1)
         assert [(r["sample"], r["status"], r["candidate_status"]) for r in rows] == [

@@ -209,7 +209,12 @@ class GenerationLoop:
                     continue
                 if round_index > 0 and not self._chain_goes_on(by_key, task_id, sample, round_index, request):
                     continue
-                prompt = self._prompt(store, by_key, first, task_id, sample, round_index, request)
+                stored = store.prompt(existing["prompt_hash"]) if existing is not None else None
+                if stored is not None:  # sent before a kill: ask again in the very same words
+                    data = json.loads(stored["text"])
+                    prompt = Prompt(data["system"], data["messages"], stored["template"])
+                else:
+                    prompt = self._prompt(store, by_key, first, task_id, sample, round_index, request)
                 store.add_prompt(prompt.sha256, prompt.template, prompt.as_json())
                 request_id = store.ensure_gen_request(gen_run_id, task_id, sample, round_index, prompt.sha256)
                 todo.append((request_id, task_id, sample, prompt))
