@@ -32,7 +32,7 @@ ANTHROPIC_VERSION = "2023-06-01"
 RETRY_STATUSES = frozenset({408, 409, 429})
 QUOTA_MARKERS = ("insufficient_quota", "billing_error", "credit balance", "billing_not_active", "quota exceeded")
 
-OnDelta = Callable[[str], None]  # called with each piece of streamed text
+OnDelta = Callable[[str], None]  # called with each piece of streamed text ("" for a piece of reasoning)
 
 
 @dataclass
@@ -267,11 +267,14 @@ class ChatClient:
                     for key, value in _openai_usage(data["usage"]).items():
                         setattr(reply, key, value)
                 for choice in data.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content")
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("content")
                     if piece:
                         parts.append(piece)
                         if on_delta:
                             on_delta(piece)
+                    elif on_delta and (delta.get("reasoning_content") or delta.get("reasoning")):
+                        on_delta("")  # reasoning is not the reply, but the count should move while it streams
                     if choice.get("finish_reason"):
                         reply.finish_reason = choice["finish_reason"]
             else:
@@ -287,6 +290,8 @@ class ChatClient:
                         parts.append(delta["text"])
                         if on_delta:
                             on_delta(delta["text"])
+                    elif on_delta and delta.get("type") == "thinking_delta":
+                        on_delta("")
                 elif kind == "message_delta":
                     reply.finish_reason = (data.get("delta") or {}).get("stop_reason") or reply.finish_reason
                     anthropic_usage.update(data.get("usage") or {})

@@ -279,6 +279,9 @@ class GenerateScreen(Screen):
         except Exception as exc:  # shown, never a crash of the dashboard
             self.post_message(GenDone(gen_run_id, f"{type(exc).__name__}: {exc}"))
 
+    def on_unmount(self) -> None:
+        self.cancel.set()  # the app is closing: send nothing more, stop the evaluation's ranks
+
     def action_stop(self) -> None:
         if self.running:
             self.cancel.set()
