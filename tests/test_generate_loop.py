@@ -22,6 +22,8 @@ from pkb_tui.store import Store
 from tests._llm_server import LlmServer, Scripted, models_toml
 
 ROOT = Path(__file__).resolve().parents[1]
+# cpu here and in CI; on a GPU box `PKB_GEN_TEST_MODE=nccl` (or shared-gpu) runs the same story on the GPUs.
+TEST_MODE = os.environ.get("PKB_GEN_TEST_MODE", "cpu")
 RING_ALL_REDUCE = (ROOT / "solutions" / "torch-p2p" / "all_reduce.py").read_text()
 
 # Wrong on purpose: every rank returns its own tensor, no sum (a mismatch on every rank).
@@ -59,7 +61,7 @@ def test_generate_refines_a_wrong_candidate_into_a_right_one_and_the_leaderboard
     with LlmServer(respond) as server:
         config = models_toml(tmp_path / "models.toml", server.url, name="local-sonnet", api="anthropic", concurrency=1)
         result = cli("--db", str(db), "generate", "--task", "all_reduce", "--model", "local-sonnet", "--samples", "3",
-                     "--rounds", "2", "--until-correct", "--world-size", "2", "--mode", "cpu", "--size", "small",
+                     "--rounds", "2", "--until-correct", "--world-size", "2", "--mode", TEST_MODE, "--size", "small",
                      "--trials", "2", "--models-config", str(config), "--out", str(tmp_path), "--json")
     assert result.code == 0, result.err
     summary = result.json()
