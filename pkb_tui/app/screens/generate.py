@@ -162,6 +162,7 @@ class GenerateScreen(Screen):
     def on_mount(self) -> None:
         note = self.config_problem or f"endpoints from {self._config_file}"
         self.query_one("#gen-form-note", Static).update(Text(note, style="red" if self.config_problem else "dim"))
+        self.pkb.store.recover_gen_runs()  # a generate killed elsewhere reads as interrupted, not running
         runs = self.pkb.store.gen_runs(limit=1)
         if runs:
             self.gen_run_id = runs[0]["id"]
