@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="measure only the noise floor (works without a GPU: cpu mode)")
     calibrate.add_argument("--json", action="store_true")
     calibrate.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    from pkb_tui.generate.cli import add_parsers as add_generate_parsers
+
+    add_generate_parsers(sub)  # generate, generations
     return parser
 
 
@@ -427,6 +431,15 @@ COMMANDS = {
     "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show,
     "monitor": cmd_monitor, "calibrate": cmd_calibrate,
 }
+
+
+def _generate_commands() -> None:
+    from pkb_tui.generate.cli import COMMANDS as GENERATE_COMMANDS
+
+    COMMANDS.update(GENERATE_COMMANDS)
+
+
+_generate_commands()
 
 
 if __name__ == "__main__":

@@ -264,5 +264,94 @@ _V_TIMING = [
     "CREATE INDEX calibrations_host ON calibrations(host_id, kind, measured_at)",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING]
+# generate: language-model endpoints writing candidates (pkb_tui.generate). A generation run asks one
+# endpoint for K samples per task and R refine rounds per sample; every request keeps its prompt
+# (by hash), its reply (raw text, finish reason, usage, latency, cost), and the candidate it gave,
+# linked to the run that evaluated it. Each row is written as soon as it exists, so a killed
+# `generate` resumes from what is stored (`generate --resume`).
+_V_GENERATE = [
+    """
+    CREATE TABLE gen_runs (
+        id INTEGER PRIMARY KEY,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        status TEXT NOT NULL DEFAULT 'running',  -- running, finished, stopped, error, interrupted
+        status_detail TEXT,
+        endpoint TEXT NOT NULL,     -- the name in models.toml
+        api TEXT NOT NULL,          -- openai or anthropic
+        base_url TEXT NOT NULL,
+        model_id TEXT NOT NULL,     -- the model asked for
+        model_slug TEXT NOT NULL,
+        endpoint_config TEXT NOT NULL,  -- JSON: the endpoint without any key (only the env var's name)
+        request TEXT NOT NULL,      -- JSON: tasks, samples, rounds, world_size, mode, size, dtype, trials
+        out_dir TEXT NOT NULL,      -- solutions/gen/<slug>/<id>
+        template_version TEXT NOT NULL,
+        launcher_pid INTEGER,
+        launcher_host TEXT
+    )
+    """,
+    """
+    CREATE TABLE gen_prompts (
+        hash TEXT PRIMARY KEY,      -- sha256 of the JSON {system, messages}
+        template TEXT NOT NULL,
+        text TEXT NOT NULL,         -- that JSON
+        first_seen_at REAL NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE gen_requests (
+        id INTEGER PRIMARY KEY,
+        gen_run_id INTEGER NOT NULL REFERENCES gen_runs(id) ON DELETE CASCADE,
+        task_id TEXT NOT NULL,
+        sample INTEGER NOT NULL,    -- 0..K-1: independent samples
+        round INTEGER NOT NULL,     -- 0: first answer; 1..R: refine rounds
+        prompt_hash TEXT NOT NULL REFERENCES gen_prompts(hash),
+        status TEXT NOT NULL DEFAULT 'pending',  -- pending, sent, replied, failed
+        error TEXT,
+        attempts INTEGER,
+        retries TEXT,               -- JSON list of sentences (what failed, how long we waited)
+        created_at REAL NOT NULL,
+        sent_at REAL,
+        finished_at REAL,
+        UNIQUE(gen_run_id, task_id, sample, round)
+    )
+    """,
+    """
+    CREATE TABLE gen_replies (
+        id INTEGER PRIMARY KEY,
+        request_id INTEGER NOT NULL UNIQUE REFERENCES gen_requests(id) ON DELETE CASCADE,
+        text TEXT NOT NULL,         -- the raw reply, whole
+        finish_reason TEXT,         -- as the API said: stop, length, end_turn, max_tokens, ...
+        resolved_model TEXT,        -- the model id the server says answered
+        prompt_tokens INTEGER,
+        completion_tokens INTEGER,
+        cached_tokens INTEGER,
+        reasoning_tokens INTEGER,
+        latency_us REAL,
+        cost_usd REAL,
+        received_at REAL NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE gen_candidates (
+        id INTEGER PRIMARY KEY,
+        request_id INTEGER NOT NULL UNIQUE REFERENCES gen_requests(id) ON DELETE CASCADE,
+        gen_run_id INTEGER NOT NULL REFERENCES gen_runs(id) ON DELETE CASCADE,
+        task_id TEXT NOT NULL,
+        sample INTEGER NOT NULL,
+        round INTEGER NOT NULL,
+        path TEXT,                  -- the solution file; NULL when the reply had no code
+        source_hash TEXT REFERENCES sources(hash),
+        extraction TEXT NOT NULL,   -- which blocks made the code, or why there is none
+        status TEXT NOT NULL,       -- pending (to evaluate), no_code, invalid, request_failed, evaluated
+        detail TEXT,                -- why a candidate was not launched
+        run_id INTEGER REFERENCES runs(id),  -- the run that evaluated it
+        created_at REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX gen_requests_run ON gen_requests(gen_run_id, round)",
+    "CREATE INDEX gen_candidates_run ON gen_candidates(gen_run_id, task_id, sample, round)",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE]
 SCHEMA_VERSION = len(MIGRATIONS)

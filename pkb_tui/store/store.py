@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from pkb_tui.errors import PkbError
+from pkb_tui.store.generate import GenerateStore
 from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 DEFAULT_DB = "runs.db"
@@ -136,7 +137,7 @@ def _run_row_with_basis(row: dict[str, Any], basis: str | None) -> dict[str, Any
     return row
 
 
-class Store:
+class Store(GenerateStore):
     """Everything the project reads from and writes to runs.db."""
 
     def __init__(self, path: Path | str | None = None, *, recover: bool = True) -> None:
@@ -484,6 +485,8 @@ class Store:
         for row in self.conn.execute(sql):
             if wanted is not None and row["task_id"] not in wanted:
                 continue
+            if row["model"].startswith("gen:"):
+                continue  # generated candidates: ranked per endpoint (pkb_tui.generate.report), not per sample
             entry = board.setdefault(row["model"], {
                 "model": row["model"], "tasks": 0, "correct": 0, "fast_1": 0, "fast_1_5": 0, "_logs": [],
             })

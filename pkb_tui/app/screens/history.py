@@ -188,6 +188,26 @@ class HistoryScreen(Screen):
         task = self.filters().get("task")
         entries = self.pkb.store.leaderboard(task_ids=[task] if task else None, basis=self.pkb.config.speedup_basis)
         self.query_one("#leaderboard", RowList).set_rows([list(row) for row in leaderboard_rows(entries)])
+        self._sync_gen_board(True)
+
+    def _sync_gen_board(self, visible: bool) -> None:
+        """The model endpoints' board (generate) under the leaderboard; mounted only once there is one."""
+        from pkb_tui.app.widgets.gen_board import GenBoard
+        from pkb_tui.generate.report import endpoint_leaderboard
+
+        present = self.query(GenBoard)
+        if not visible:
+            for widget in present:
+                widget.display = False
+            return
+        board = endpoint_leaderboard(self.pkb.store)
+        if not board:
+            return
+        if present:
+            present.first().set_board(board)
+            present.first().display = True
+        else:
+            self.mount(GenBoard(board, id="gen-board"), before=self.query_one("#history-preview"))
 
     def _update_title(self) -> None:
         bar = Text(no_wrap=True, overflow="ellipsis")
@@ -272,6 +292,7 @@ class HistoryScreen(Screen):
             return
         model = board.rows[board.cursor][0]
         self.query_one("#history-switcher", ContentSwitcher).current = "runs"
+        self._sync_gen_board(False)
         self.set_filters(self.run_filters.with_(model=model))
         self.query_one("#runs", RowList).focus()
         self._update_title()
@@ -333,6 +354,9 @@ class HistoryScreen(Screen):
         switcher.current = "leaderboard" if switcher.current == "runs" else "runs"
         if switcher.current == "leaderboard":
             self._fill_leaderboard()
+            self._sync_gen_board(True)
+        else:
+            self._sync_gen_board(False)
         self.query_one(f"#{switcher.current}").focus()
         self._update_title()
 
