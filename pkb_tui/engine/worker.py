@@ -490,6 +490,7 @@ class Rank:
         log_path = self.log_dir / f"item{item.index:03d}.rank{self.rank}.candidate.log"
         try:
             try:
+                start_s = _monotonic()
                 candidate = self._start_runner("candidate", log_path, deadline)
                 failure = None
                 try:
@@ -500,6 +501,7 @@ class Rank:
                 failure = self._agree_failure(item, failure, candidate)
                 if failure is not None:
                     raise CandidateFailure(failure.status, failure.message)
+                self._candidate_start_s = _monotonic() - start_s  # isolation's cost: spawn, group, import
             except CandidateFailure as exc:
                 where = "candidate import" if exc.status == "error" else "candidate start"
                 self.emit(ev.Error(item=item.index, where=where, message=exc.message))
@@ -859,6 +861,8 @@ class Rank:
         null_graph = sorted(b[0] for r in rounds_of("baseline|graph-null") for b in r)
         overhead = {"eager": percentile(null_eager, 50) if null_eager else 0.0,
                     "graph": percentile(null_graph, 50) if null_graph else 0.0}
+        if getattr(self, "_candidate_start_s", None) is not None:
+            overhead["candidate_start_s"] = self._candidate_start_s
         for which in ("wake_in", "wake_out"):  # where the harness's share goes (rank 0's baseline blocks)
             index = 3 if which == "wake_in" else 4
             values = sorted(b[index] for r in gathered[0].get("baseline|eager", []) for b in r if b[index] is not None)
