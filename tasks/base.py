@@ -63,6 +63,43 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 
 
 @dataclass(frozen=True)
+class OutputTolerance:
+    """How far one output of a candidate may be from the truth, in units of the baseline's own error.
+
+    The judge has three versions of each output: the candidate's, the baseline's in the run dtype
+    (``expected``) and the baseline's on float64 copies of the same inputs (``expected64``, the
+    truth to within float64 rounding). Per element, e_c = |candidate - expected64| and
+    e_b = |expected - expected64|. Element-wise ratios cannot be used: an honest kernel that sums
+    in another order has errors of the same size as the baseline's but at other elements, and the
+    baseline is exact at many elements by luck. So two statistics of the whole output are compared:
+
+    typical: median_i e_c / (|t_i| + tau) <= k * median_i e_b / (|t_i| + tau) + floor_ulps * eps * f
+    worst:   max_i e_c <= k * max_i e_b + floor_ulps * eps * max_i |t_i|
+
+    t = expected64, tau = 1e-3 * RMS(t) (relative errors of elements near zero stay finite), eps the
+    machine epsilon of the output's dtype, f = max(1/8, 1/sqrt(elements)). The median of relative errors is what a loss of
+    precision moves (int8 or fp8 transport, a dropped compensation, a skipped term: most elements
+    get worse) and is stable over many elements, however badly a few cancel; the maximum catches
+    a wrong block, row or element that the median ignores. k = 3 leaves room for a legitimate
+    change of summation order (a ring in the run dtype has up to ~2.5x the median error of fp32
+    accumulation at 8 ranks, measured on bf16 sums; two orders of the same kind differ by < 1.3x)
+    while int8 transport with one scale per 32 elements has ~8x the median error of one bf16
+    rounding on Gaussian values (more with outliers: see TaskContext.randn_outliers); the floor is for outputs of a few elements (a loss), where
+    the baseline may be exact by luck (over many elements the median relative error of a
+    correctly rounded result is ~eps/8, so an eighth of an ulp there). floor_ulps = 0 with an exact baseline (data movement,
+    sorting, selection) demands bit-exact outputs. Complex outputs are compared as (real, imag)
+    pairs; integer and bool outputs must always be equal.
+    """
+
+    k: float = 3.0
+    floor_ulps: float = 1.0
+
+
+DEFAULT_OUTPUT_TOLERANCE = OutputTolerance()
+EXACT_OUTPUT = OutputTolerance(k=0.0, floor_ulps=0.0)  # movement and selection: bit-exact
+
+
+@dataclass(frozen=True)
 class Traffic:
     """The roofline model of one rank for one call.
 
@@ -102,6 +139,9 @@ class TaskSpec:
     sizes: dict[str, dict[str, Any]]  # "small" (CPU, tests), "default" (8-GPU box), "large"
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
     tolerances: dict[str, Tolerance] = field(default_factory=dict)  # missing dtypes: defaults
+    # Per output, by path ("" a lone tensor, "0" / "loss" an item, "grads/1" nested; "*" any
+    # other): how far from the truth relative to the baseline's own error (see OutputTolerance).
+    output_tolerances: dict[str, OutputTolerance] = field(default_factory=dict)
     world_sizes: tuple[int, ...] | None = None  # None: any world size >= 1
     min_world_size: int = 1
     modes: tuple[str, ...] = MODES
@@ -109,6 +149,17 @@ class TaskSpec:
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES[dtype])
+
+    def output_tolerance(self, path: str) -> OutputTolerance:
+        """The tolerance of the output at ``path``: its own, else the task's "*", else the default."""
+        return self.output_tolerances.get(path, self.output_tolerances.get("*", DEFAULT_OUTPUT_TOLERANCE))
+
+
+def accumulate_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """float32 for half-precision tensors (the fp32 accumulation the task prescribes), the
+    tensor's own dtype when wider: the judge runs baselines on float64 copies of the inputs to
+    get the truth, and a hard-coded .float() there would cut it to float32 precision."""
+    return torch.promote_types(tensor.dtype, torch.float32)
 
 
 @dataclass
@@ -146,6 +197,19 @@ class TaskContext:
         gen = self.generator(stream)
         out = torch.randn(*shape, generator=gen, device=self.device, dtype=torch.float32)
         return out.to(dtype or self.dtype)
+
+    def randn_outliers(self, *shape: int, stream: int = 0, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """randn with a log-normal magnitude per element, the same element scale on every rank
+        (a parameter's gradient is large or small on all ranks alike): RMS ~1, the median element
+        ~0.1 of it, the largest ~10x. Real gradients and activations have such outlier channels,
+        and they are what int8 or fp8 transport destroys: a block's scale is set by its largest
+        element, so the small ones keep a few bits, while the dtype keeps its relative precision
+        everywhere. With uniform magnitudes, bf16 rounding and int8 per 32 elements lose about
+        the same."""
+        scale_gen = self.shared_generator(stream=1000 + stream)
+        z = torch.randn(*shape, generator=scale_gen, device=self.device, dtype=torch.float32)
+        values = self.randn(*shape, stream=stream, dtype=torch.float32) * torch.exp(1.5 * z.clamp(-3, 3) - 2.25)
+        return values.to(dtype or self.dtype)
 
     def randint(self, low: int, high: int, shape: tuple[int, ...], *, stream: int = 0) -> torch.Tensor:
         gen = self.generator(stream)

@@ -1,0 +1,190 @@
+"""Per-output tolerances catch the cheats that the old per-dtype tolerances let through.
+
+For every task, dtype and world size 2, 4 and 8, in ONE process (no torchrun: it is maths): every
+rank's inputs are made with ctx.for_rank, as tests/test_task_reference.py does; the truth is the
+task's reference maths on float64 copies of them; the baseline's outputs in the run dtype are
+stood in for by the reference's own (a correct solution's) outputs. The judge
+(compare.judge_outputs with the task's output tolerances) must pass those honest outputs and fail
+every cheat: int8 transport of the communicated values (one scale per tensor and per 32 elements),
+each output alone scaled by 0.9 or offset by a few ulps, the real part alone of complex outputs,
+and each task family's skipped steps (ZeRO-1 without the update, the second moment, the bias
+correction or the weight decay...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import tasks
+from pkb_tui.engine.compare import float64_copies, judge_outputs
+
+WORLD_SIZES = (2, 4, 8)
+SEED = 7
+
+
+def _runnable(task: tasks.Task, world_size: int, dtype: str) -> bool:
+    try:
+        task.check_request(world_size=world_size, mode="cpu", dtype=dtype, size="small")
+    except Exception:
+        return False
+    return True
+
+
+def _cases() -> list[tuple[str, str, int]]:
+    return [
+        (task_id, dtype, n)
+        for task_id, task in sorted(tasks.all_tasks().items())
+        for dtype in task.spec.dtypes
+        for n in WORLD_SIZES if _runnable(task, n, dtype)
+    ]
+
+
+# ---------------------------------------------------------------- structure helpers
+
+def _paths(value: Any, path: str = "") -> list[str]:
+    """Paths of the floating (or complex) tensors in an output, as judge_outputs names them."""
+    if isinstance(value, torch.Tensor):
+        return [path] if (value.is_floating_point() or value.is_complex()) else []
+    if isinstance(value, (tuple, list)):
+        return [p for i, v in enumerate(value) for p in _paths(v, f"{path}/{i}" if path else str(i))]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _paths(v, f"{path}/{k}" if path else str(k))]
+    return []
+
+
+def _map(value: Any, fn: Callable[[torch.Tensor, str], torch.Tensor], path: str = "") -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value, path) if (value.is_floating_point() or value.is_complex()) else value
+    if isinstance(value, tuple):
+        return tuple(_map(v, fn, f"{path}/{i}" if path else str(i)) for i, v in enumerate(value))
+    if isinstance(value, list):
+        return [_map(v, fn, f"{path}/{i}" if path else str(i)) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _map(v, fn, f"{path}/{k}" if path else str(k)) for k, v in value.items()}
+    return value
+
+
+def _at(value: Any, path: str) -> torch.Tensor:
+    for key in [k for k in path.split("/") if k]:
+        value = value[key] if isinstance(value, dict) else value[int(key)]
+    return value
+
+
+def int8(t: torch.Tensor, block: int | None) -> torch.Tensor:
+    """What a candidate sending int8 codes delivers: round(x / scale) * scale, scale = max|x| / 127
+    per tensor (block None) or per block of elements, back in the tensor's dtype."""
+    if t.is_complex():
+        return torch.view_as_complex(int8(torch.view_as_real(t).contiguous(), block))
+    flat = t.detach().reshape(-1).to(torch.float32)
+    if flat.numel() == 0:
+        return t.clone()
+    size = flat.numel() if block is None else block
+    pad = (-flat.numel()) % size
+    blocks = torch.cat([flat, flat.new_zeros(pad)]).view(-1, size)
+    scale = blocks.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / 127
+    decoded = (torch.round(blocks / scale) * scale).reshape(-1)[: flat.numel()]
+    return decoded.view(t.shape).to(t.dtype)
+
+
+# ---------------------------------------------------------------- the cheats
+
+class Case:
+    """One (task, dtype, world size): every rank's inputs, the truth and the honest outputs."""
+
+    def __init__(self, task_id: str, dtype: str, world_size: int) -> None:
+        self.task = tasks.load_task(task_id)
+        self.dtype = dtype
+        self.ctx = self.task.context(rank=0, world_size=world_size, dtype=dtype, size="small", seed=SEED)
+        self.ctx64 = self.task.context(rank=0, world_size=world_size, dtype="float64", size="small", seed=SEED)
+        self.inputs = [self.task.make_inputs(self.ctx.for_rank(r)) for r in range(world_size)]
+        self.truth = self.reference64(self.inputs)
+        self.honest = self.task.reference(self.inputs, self.ctx)
+
+    def reference64(self, inputs: list[tuple]) -> list:
+        return self.task.reference([float64_copies(i) for i in inputs], self.ctx64)
+
+    def judge(self, outputs: list) -> list[str | None]:
+        """Per rank: None when the judge passes it, else its message."""
+        results = []
+        for rank, (got, expected, truth) in enumerate(zip(outputs, self.honest, self.truth)):
+            cmp = judge_outputs(got, expected, truth, self.task.spec.output_tolerance)
+            results.append(None if cmp.correct else f"rank {rank}: {cmp.message}")
+        return results
+
+
+# Tasks whose inputs are what goes over the wire (collectives, halos, gathered features...): int8
+# transport of them is the maths on int8-decoded inputs. Elsewhere (weights of a GEMM whose
+# partial results are exchanged) the exchanged values are intermediates: FAMILY_CHEATS.
+COMMUNICATED_INPUTS = {
+    "all_reduce", "reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "gather", "scatter",
+    "dp_bucketed_allreduce", "dp_contrastive_loss", "gnn_halo_exchange", "stencil_halo_exchange",
+    "cp_ulysses_attention", "cp_ring_attention", "pp_send_recv_microbatches", "tp_allgather_gemm",
+    "ep_moe_dispatch_combine", "sample_sort", "distributed_topk",
+}
+
+
+def _differs(outputs: list, honest: list) -> bool:
+    """A "cheat" that changes nothing (int8 of a scalar is exact) is no cheat."""
+    def flat(value: Any) -> list[torch.Tensor]:
+        return [_at(value, p) for p in _paths(value)]
+    return any(not torch.equal(a, b) for out, ref in zip(outputs, honest) for a, b in zip(flat(out), flat(ref)))
+
+
+def _generic_cheats(case: Case) -> dict[str, list]:
+    cheats: dict[str, list] = {}
+    for block in (None, 32):
+        label = "per tensor" if block is None else f"per {block}"
+        # The result quantised in transit (the all-gather / all-reduce of the outputs in int8).
+        cheats[f"int8 outputs {label}"] = [_map(out, lambda t, p: int8(t, block)) for out in case.honest]
+        if case.task.id in COMMUNICATED_INPUTS:
+            quantised = [tuple(_map(list(inp), lambda t, p: int8(t, block))) for inp in case.inputs]
+            cheats[f"int8 inputs {label}"] = case.task.reference(quantised, case.ctx)
+    for path in _paths(case.honest[0]):
+        if float(_at(case.truth[0], path).abs().max()) == 0:
+            continue  # an output that is zero everywhere cannot be scaled wrong
+        only = lambda fn: [_map(out, lambda t, p: fn(t) if p == path else t) for out in case.honest]  # noqa: E731
+        cheats[f"{path or 'output'} x 0.9"] = only(lambda t: t * 0.9)
+        cheats[f"{path or 'output'} sign flipped"] = only(lambda t: -t)
+        # 1e-3 relative, or 4 ulps where the dtype cannot even hold 1e-3 (bf16: 2^-7 = 7.8e-3).
+        offset = max(1e-3, 4 * torch.finfo(_at(case.honest[0], path).dtype).eps)
+        cheats[f"{path or 'output'} + {offset:.3g} relative"] = only(lambda t: t + offset * t.abs().mean())
+        if _at(case.honest[0], path).is_complex():
+            cheats[f"{path or 'output'} real part only"] = only(lambda t: torch.complex(t.real, torch.zeros_like(t.real)))
+    return cheats
+
+
+FAMILY_CHEATS: dict[str, Callable[[Case], dict[str, list]]] = {}
+
+
+def _cheats(case: Case) -> dict[str, list]:
+    cheats = _generic_cheats(case)
+    extra = FAMILY_CHEATS.get(case.task.id)
+    if extra is not None:
+        cheats.update(extra(case))
+    return {name: outputs for name, outputs in cheats.items() if _differs(outputs, case.honest)}
+
+
+@pytest.mark.parametrize("task_id,dtype,world_size", _cases())
+def test_honest_outputs_pass_and_every_cheat_fails(task_id: str, dtype: str, world_size: int) -> None:
+    case = Case(task_id, dtype, world_size)
+    honest = [m for m in case.judge(case.honest) if m]
+    assert not honest, f"the honest outputs fail: {honest[0]}"
+    passed = [name for name, outputs in _cheats(case).items() if not any(case.judge(outputs))]
+    assert not passed, f"cheats that pass: {passed}"
+
+
+if __name__ == "__main__":  # a matrix of what passes, for tuning
+    import sys
+
+    only = sys.argv[1:]
+    for task_id, dtype, n in _cases():
+        if only and task_id not in only:
+            continue
+        case = Case(task_id, dtype, n)
+        honest = [m for m in case.judge(case.honest) if m]
+        passed = [name for name, outputs in _cheats(case).items() if not any(case.judge(outputs))]
+        if honest or passed:
+            print(task_id, dtype, n, "HONEST FAILS:" if honest else "", honest[:1], "PASSING CHEATS:", passed)
