@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import tasks
-from pkb_tui.engine.compare import float64_copies, judge_outputs
+from pkb_tui.engine.compare import compare_outputs, float64_copies, judge_outputs
+from tasks.base import OutputTolerance, Tolerance
 
 WORLD_SIZES = (2, 4, 8)
 SEED = 7
@@ -156,7 +157,74 @@ def _generic_cheats(case: Case) -> dict[str, list]:
     return cheats
 
 
-FAMILY_CHEATS: dict[str, Callable[[Case], dict[str, list]]] = {}
+def _zero1_cheats(case: Case) -> dict[str, list]:
+    """AdamW with one step left out (the outputs the reported cheats gave)."""
+    from tasks.fsdp import zero1_adam_step as zero1
+
+    honest_adamw = zero1._adamw
+
+    def without_update(param, grad, exp_avg, exp_avg_sq):
+        _, avg, avg_sq = honest_adamw(param, grad, exp_avg, exp_avg_sq)
+        return param.clone(), avg, avg_sq
+
+    def without_second_moment(param, grad, exp_avg, exp_avg_sq):
+        new_param, avg, _ = honest_adamw(param, grad, exp_avg, exp_avg_sq)
+        return new_param, avg, exp_avg_sq.clone()
+
+    def without_bias_correction(param, grad, exp_avg, exp_avg_sq):
+        avg = exp_avg.mul(zero1.BETA1).add_(grad, alpha=1 - zero1.BETA1)
+        avg_sq = exp_avg_sq.mul(zero1.BETA2).addcmul_(grad, grad, value=1 - zero1.BETA2)
+        new_param = param.mul(1 - zero1.LR * zero1.WEIGHT_DECAY).addcdiv_(avg, avg_sq.sqrt().add_(zero1.EPS), value=-zero1.LR)
+        return new_param, avg, avg_sq
+
+    def without_weight_decay(param, grad, exp_avg, exp_avg_sq):
+        new_param, avg, avg_sq = honest_adamw(param, grad, exp_avg, exp_avg_sq)
+        return new_param + param * zero1.LR * zero1.WEIGHT_DECAY, avg, avg_sq
+
+    cheats = {}
+    for name, adamw in (("no parameter update", without_update), ("no second-moment update", without_second_moment),
+                        ("no bias correction", without_bias_correction), ("no weight decay", without_weight_decay)):
+        zero1._adamw = adamw
+        try:
+            cheats[name] = case.task.reference(case.inputs, case.ctx)
+        finally:
+            zero1._adamw = honest_adamw
+    return cheats
+
+
+def _fft_cheats(case: Case) -> dict[str, list]:
+    """The spectrum's real part alone (what comparing .double() of a complex tensor checked)."""
+    return {"real part only": [(real, torch.zeros_like(imag)) for real, imag in case.honest]}
+
+
+FAMILY_CHEATS: dict[str, Callable[[Case], dict[str, list]]] = {
+    "zero1_adam_step": _zero1_cheats,
+    "fft2d_alltoall": _fft_cheats,
+}
+
+
+def test_complex_outputs_compare_both_parts() -> None:
+    """A complex output right in its real part only fails both comparison functions."""
+    truth = torch.randn(257, dtype=torch.complex128)
+    expected = truth.to(torch.complex64)
+    real_only = torch.complex(expected.real, torch.zeros_like(expected.real))
+    assert judge_outputs(expected, expected, truth, {}).correct
+    assert not judge_outputs(real_only, expected, truth, {}).correct
+    assert compare_outputs(expected, expected, Tolerance(1e-5, 1e-5)).correct
+    assert not compare_outputs(real_only, expected, Tolerance(1e-5, 1e-5)).correct
+
+
+def test_each_output_has_its_own_tolerance_by_path() -> None:
+    """A loose tolerance on one output does not loosen another (paths: positions, keys, nested)."""
+    truth = {"loss": torch.tensor(2.0, dtype=torch.float64), "grads": [torch.randn(100, dtype=torch.float64)] * 2}
+    expected = {"loss": truth["loss"].float(), "grads": [g.to(torch.bfloat16) for g in truth["grads"]]}
+    off = {"loss": expected["loss"] * 1.01, "grads": [expected["grads"][0], expected["grads"][1] * 1.05]}
+    loose = {"loss": OutputTolerance(k=3, floor_ulps=1e6), "grads/1": OutputTolerance(k=3, floor_ulps=100)}
+    assert judge_outputs(off, expected, truth, loose).correct
+    strict_loss = judge_outputs(off, expected, truth, {"grads/1": loose["grads/1"]})
+    assert not strict_loss.correct and "['loss']" in strict_loss.message
+    strict_grad = judge_outputs(off, expected, truth, {"loss": loose["loss"]})
+    assert not strict_grad.correct and "['grads'][1]" in strict_grad.message
 
 
 def _cheats(case: Case) -> dict[str, list]:
