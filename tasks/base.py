@@ -155,11 +155,11 @@ class TaskSpec:
         return self.output_tolerances.get(path, self.output_tolerances.get("*", DEFAULT_OUTPUT_TOLERANCE))
 
 
-def accumulate_dtype(tensor: torch.Tensor) -> torch.dtype:
+def accumulate_dtype(tensor: torch.Tensor | torch.dtype) -> torch.dtype:
     """float32 for half-precision tensors (the fp32 accumulation the task prescribes), the
     tensor's own dtype when wider: the judge runs baselines on float64 copies of the inputs to
     get the truth, and a hard-coded .float() there would cut it to float32 precision."""
-    return torch.promote_types(tensor.dtype, torch.float32)
+    return torch.promote_types(tensor if isinstance(tensor, torch.dtype) else tensor.dtype, torch.float32)
 
 
 @dataclass
@@ -206,10 +206,16 @@ class TaskContext:
         element, so the small ones keep a few bits, while the dtype keeps its relative precision
         everywhere. With uniform magnitudes, bf16 rounding and int8 per 32 elements lose about
         the same."""
-        scale_gen = self.shared_generator(stream=1000 + stream)
-        z = torch.randn(*shape, generator=scale_gen, device=self.device, dtype=torch.float32)
-        values = self.randn(*shape, stream=stream, dtype=torch.float32) * torch.exp(1.5 * z.clamp(-3, 3) - 2.25)
+        values = self.randn(*shape, stream=stream, dtype=torch.float32) * self.outlier_scales(*shape, stream=stream)
         return values.to(dtype or self.dtype)
+
+    def outlier_scales(self, *shape: int, stream: int = 0) -> torch.Tensor:
+        """float32 log-normal magnitudes, the same on every rank: RMS ~1, median ~0.1, max ~10.
+        Multiply a weight's output features (or a tensor's channels) by them to give a layer's
+        outputs the outlier channels real models have (see randn_outliers for why)."""
+        z = torch.randn(*shape, generator=self.shared_generator(stream=1000 + stream), device=self.device,
+                        dtype=torch.float32)
+        return torch.exp(1.5 * z.clamp(-3, 3) - 2.25)
 
     def randint(self, low: int, high: int, shape: tuple[int, ...], *, stream: int = 0) -> torch.Tensor:
         gen = self.generator(stream)

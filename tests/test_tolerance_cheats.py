@@ -144,7 +144,7 @@ def _generic_cheats(case: Case) -> dict[str, list]:
             quantised = [tuple(_map(list(inp), lambda t, p: int8(t, block))) for inp in case.inputs]
             cheats[f"int8 inputs {label}"] = case.task.reference(quantised, case.ctx)
     for path in _paths(case.honest[0]):
-        if float(_at(case.truth[0], path).abs().max()) == 0:
+        if _at(case.truth[0], path).numel() == 0 or float(_at(case.truth[0], path).abs().max()) == 0:
             continue  # an output that is zero everywhere cannot be scaled wrong
         only = lambda fn: [_map(out, lambda t, p: fn(t) if p == path else t) for out in case.honest]  # noqa: E731
         cheats[f"{path or 'output'} x 0.9"] = only(lambda t: t * 0.9)
@@ -256,3 +256,83 @@ if __name__ == "__main__":  # a matrix of what passes, for tuning
         passed = [name for name, outputs in _cheats(case).items() if not any(case.judge(outputs))]
         if honest or passed:
             print(task_id, dtype, n, "HONEST FAILS:" if honest else "", honest[:1], "PASSING CHEATS:", passed)
+
+
+# ---------------------------------------------------------------- the judge's own path, on real ranks
+# What the judge will do per rank: the baseline in the run dtype (expected) and on float64 copies
+# of the same inputs (the truth). On real gloo ranks: the float64 baseline must equal the float64
+# maths (no hidden float32 cut), a correct solution (the reference's outputs) must pass against
+# the real baseline's error, and the plain cheats must still fail against it.
+
+# Outputs that are the communicated values themselves (or sums of them): int8 transport of them
+# must fail against the real baseline too. Local results (clipped gradients, weight gradients of
+# a pipeline stage) are not sent, so the check is the x0.9 one there.
+SENT_OUTPUTS = {"all_reduce", "reduce", "reduce_scatter", "dp_bucketed_allreduce", "ep_moe_dispatch_combine",
+                "zero1_adam_step", "tp_row_linear_allreduce", "tp_gemm_reducescatter", "sp_rmsnorm_reducescatter"}
+MIN_ELEMENTS = 64  # the median of fewer elements says little (the judge runs default sizes)
+
+
+def _judge_with_real_baselines(rank: int, world_size: int) -> dict[str, dict]:
+
+
+    out: dict[str, dict] = {}
+    for task_id, task in tasks.all_tasks().items():
+        for dtype in task.spec.dtypes:
+            key = f"{task_id}/{dtype}"
+            if not _runnable(task, world_size, dtype):
+                out[key] = {"skipped": True}
+                continue
+            try:
+                out[key] = {"problems": _judge_one_with_real_baseline(task, rank, world_size, dtype)}
+            except Exception as exc:  # every rank raises alike (the same maths): report, go on
+                out[key] = {"problems": [f"raised {type(exc).__name__}: {exc}"]}
+    return out
+
+
+def _judge_one_with_real_baseline(task: tasks.Task, rank: int, world_size: int, dtype: str) -> list[str]:
+    import torch.distributed as dist
+
+    from pkb_tui.engine.compare import compare_outputs as compare
+    from tasks.base import DEFAULT_TOLERANCES
+
+    if True:
+        if True:
+            ctx = task.context(rank=rank, world_size=world_size, dtype=dtype, size="small", seed=SEED)
+            ctx64 = task.context(rank=rank, world_size=world_size, dtype="float64", size="small", seed=SEED)
+            inputs = task.make_inputs(ctx)
+            expected = task.baseline(*[t.clone() for t in inputs])
+            dist.barrier()
+            truth = task.baseline(*float64_copies(inputs))
+            dist.barrier()
+            every = [task.make_inputs(ctx.for_rank(r)) for r in range(world_size)]
+            maths64 = task.reference([float64_copies(i) for i in every], ctx64)[rank]
+            correct = task.reference(every, ctx)[rank]
+            problems = []
+            truth_check = compare(_map(truth, lambda t, p: t.to(torch.complex128 if t.is_complex() else torch.float64)),
+                                  _map(maths64, lambda t, p: t.to(torch.complex128 if t.is_complex() else torch.float64)),
+                                  DEFAULT_TOLERANCES["float64"])
+            if not truth_check.correct:
+                problems.append(f"the float64 baseline is not the float64 maths: {truth_check.message}")
+            verdict = judge_outputs(correct, expected, truth, task.spec.output_tolerance)
+            if not verdict.correct:
+                problems.append(f"a correct solution fails: {verdict.message}")
+            for path in _paths(expected):
+                if _at(truth, path).numel() == 0 or float(_at(truth, path).abs().max()) == 0:
+                    continue
+                checks = [("x 0.9", lambda t: t * 0.9)]
+                if task.id in SENT_OUTPUTS and _at(expected, path).numel() >= MIN_ELEMENTS:
+                    checks.append(("int8 per 32", lambda t: int8(t, 32)))
+                for name, fn in checks:
+                    cheat = _map(correct, lambda t, p: fn(t) if p == path else t)
+                    if _differs([cheat], [correct]) and judge_outputs(cheat, expected, truth, task.spec.output_tolerance).correct:
+                        problems.append(f"{path or 'output'} {name} passes")
+            return problems
+
+
+def test_the_judges_path_on_real_ranks_truth_from_float64_baselines() -> None:
+    from tests._dist import run_distributed
+
+    per_rank = run_distributed(4, _judge_with_real_baselines, timeout_s=600)
+    failures = [f"rank {r} {key}: {p}" for r, results in enumerate(per_rank)
+                for key, result in results.items() for p in result.get("problems", [])]
+    assert not failures, "\n".join(failures[:20])
