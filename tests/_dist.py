@@ -77,25 +77,3 @@ def rank_failures(per_rank: list[dict[str, dict]]) -> list[str]:
         for rank, results in enumerate(per_rank) for key, result in results.items()
         if not result.get("skipped") and not result["correct"]
     ]
-
-
-def judge_vs_reference(task, ctx, got: Any):
-    """The judge (compare.judge_outputs, the task's per-output tolerances) on one rank's output:
-    expected = the reference maths in the run dtype (a correct result, rounded once), truth = the
-    same maths on float64 copies of every rank's inputs."""
-    import dataclasses
-
-    from pkb_tui.engine.compare import float64_copies, judge_outputs
-
-    every = [task.make_inputs(ctx.for_rank(r)) for r in range(ctx.world_size)]
-    expected = task.reference(every, ctx)[ctx.rank]
-    truth = task.reference([float64_copies(i) for i in every], dataclasses.replace(ctx, dtype_name="float64"))[ctx.rank]
-    return judge_outputs(got, expected, truth, task.spec.output_tolerance)
-
-
-def compare_old_and_new(task, ctx, got: Any, expected: Any):
-    """Both comparisons a run may meet: the per-dtype tolerance (compare_outputs, the worker today)
-    and the judge's per-output one; right only when both say so."""
-    from pkb_tui.engine.compare import compare_outputs
-
-    return compare_outputs(got, expected, task.spec.tolerance(ctx.dtype_name)).merge(judge_vs_reference(task, ctx, got))

@@ -15,8 +15,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import tasks
-from tests._dist import compare_old_and_new, judge_vs_reference, run_distributed
-from tests._dist import rank_failures as _failures
+from pkb_tui.engine.compare import compare_outputs
+from tests._dist import rank_failures as _failures, run_distributed
 
 FAMILIES = ("tensor", "sequence", "context", "expert", "data")
 SEEDS = (31, 32)
@@ -26,13 +26,12 @@ def _suite() -> dict[str, tasks.Task]:
     return {tid: t for tid, t in tasks.all_tasks().items() if t.spec.family in FAMILIES}
 
 
-def _compare(task: tasks.Task, fn, rank: int, world_size: int, dtype: str, seed: int, judge_only: bool = False):
+def _compare(task: tasks.Task, fn, rank: int, world_size: int, dtype: str, seed: int):
     ctx = task.context(rank=rank, world_size=world_size, dtype=dtype, size="small", seed=seed)
     expected = task.reference([task.make_inputs(ctx.for_rank(r)) for r in range(world_size)], ctx)[rank]
     got = fn(*task.make_inputs(ctx))
     dist.barrier()
-    # Both tolerances hold the baselines; the mutants must fail the judge's alone.
-    return judge_vs_reference(task, ctx, got) if judge_only else compare_old_and_new(task, ctx, got, expected)
+    return compare_outputs(got, expected, task.spec.tolerance(dtype))
 
 
 def _check_baselines(rank: int, world_size: int, dtypes: tuple[str, ...]) -> dict[str, dict]:
@@ -155,7 +154,7 @@ MUTANTS = {
 
 def _check_mutants(rank: int, world_size: int) -> dict[str, bool]:
     return {
-        task_id: _compare(tasks.load_task(task_id), mutant, rank, world_size, "bfloat16", SEEDS[0], judge_only=True).correct
+        task_id: _compare(tasks.load_task(task_id), mutant, rank, world_size, "bfloat16", SEEDS[0]).correct
         for task_id, mutant in MUTANTS.items()
     }
 

@@ -329,10 +329,11 @@ def _judge_one_with_real_baseline(task: tasks.Task, rank: int, world_size: int, 
             return problems
 
 
-def test_the_judges_path_on_real_ranks_truth_from_float64_baselines() -> None:
+@pytest.mark.parametrize("world_size", (2, 4))
+def test_the_judges_path_on_real_ranks_truth_from_float64_baselines(world_size: int) -> None:
     from tests._dist import run_distributed
 
-    per_rank = run_distributed(4, _judge_with_real_baselines, timeout_s=600)
+    per_rank = run_distributed(world_size, _judge_with_real_baselines, timeout_s=600)
     failures = [f"rank {r} {key}: {p}" for r, results in enumerate(per_rank)
                 for key, result in results.items() for p in result.get("problems", [])]
     assert not failures, "\n".join(failures[:20])

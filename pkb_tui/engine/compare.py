@@ -231,21 +231,22 @@ def _judge_tensor(candidate: torch.Tensor, expected: torch.Tensor, truth: torch.
     worst_base = float(err_base.max().item())
     # The median of a few elements is as noisy as one element (a loss, a norm): the full floor
     # there; over many it is a stable figure, ~eps/8 for a correctly rounded result: an eighth.
-    allowed_typical = tol.k * typical_base + tol.floor_ulps * eps * max(0.125, 1 / math.sqrt(true.numel()))
-    allowed_worst = tol.k * worst_base + tol.floor_ulps * eps * float(magnitude.max().item())
+    allowed_typical = (tol.k * typical_base + tol.floor_ulps * eps * max(0.125, 1 / math.sqrt(true.numel()))
+                       + tol.floor_relative)
+    allowed_worst = tol.k * worst_base + (tol.floor_ulps * eps + tol.floor_relative) * float(magnitude.max().item())
     max_rel = float(rel_cand.max().item())
     if typical_cand > allowed_typical:
         return Comparison(
             False, worst_cand, max_rel,
             f"{where}: typical relative error {typical_cand:.3g} > allowed {allowed_typical:.3g} "
-            f"({tol.k:g} x the baseline's {typical_base:.3g} + {tol.floor_ulps:g} ulp)",
+            f"({tol.k:g} x the baseline's {typical_base:.3g} + floor)",
         )
     if worst_cand > allowed_worst:
         first = int((err_cand > allowed_worst).flatten().nonzero()[0].item())
         return Comparison(
             False, worst_cand, max_rel,
             f"{where}: max abs error {worst_cand:.3g} > allowed {allowed_worst:.3g} "
-            f"({tol.k:g} x the baseline's {worst_base:.3g} + {tol.floor_ulps:g} ulp of the largest value), "
+            f"({tol.k:g} x the baseline's {worst_base:.3g} + floor), "
             f"first at flat index {first}",
         )
     return Comparison(True, worst_cand, max_rel)
