@@ -67,32 +67,33 @@ class OutputTolerance:
     """How far one output of a candidate may be from the truth, in units of the baseline's own error.
 
     The judge has three versions of each output: the candidate's, the baseline's in the run dtype
-    (``expected``) and the baseline's on float64 copies of the same inputs (``expected64``, the
-    truth to within float64 rounding). Per element, e_c = |candidate - expected64| and
-    e_b = |expected - expected64|. Element-wise ratios cannot be used: an honest kernel that sums
-    in another order has errors of the same size as the baseline's but at other elements, and the
-    baseline is exact at many elements by luck. So two statistics of the whole output are compared:
+    (``expected``) and the baseline's on float64 copies of the same inputs (the truth ``t``, to
+    float64 rounding). Per element, e_c = |candidate - t| and e_b = |expected - t|. Element-wise
+    ratios cannot be used: an honest kernel that sums in another order has errors of the same
+    size as the baseline's but at other elements, and the baseline is exact at many elements by
+    luck. So two statistics of the whole output are compared:
 
-    typical: median_i e_c / (|t_i| + tau) <= k * median_i e_b / (|t_i| + tau) + floor_ulps * eps * f + floor_relative
-    worst:   max_i e_c <= k * max_i e_b + (floor_ulps * eps + floor_relative) * max_i |t_i|
+      typical: median e_c / (|t| + tau) <= k * median e_b / (|t| + tau) + floor_ulps * eps * f + floor_relative
+      worst:   max e_c <= k * max e_b + (floor_ulps * eps + floor_relative) * max |t|
 
-    t = expected64, tau = 1e-3 * RMS(t) (relative errors of elements near zero stay finite), eps the
-    machine epsilon of the output's dtype, f = max(1/8, 1/sqrt(elements)). The median of relative errors is what a loss of
-    precision moves (int8 or fp8 transport, a dropped compensation, a skipped term: most elements
-    get worse) and is stable over many elements, however badly a few cancel; the maximum catches
-    a wrong block, row or element that the median ignores. k = 3 leaves room for a legitimate
-    change of summation order (a ring in the run dtype has up to ~2.5x the median error of fp32
-    accumulation at 8 ranks, measured on bf16 sums; two orders of the same kind differ by < 1.3x)
-    while int8 transport with one scale per 32 elements has ~8x the median error of one bf16
-    rounding on Gaussian values (more with outliers: see TaskContext.randn_outliers); the floor is for outputs of a few elements (a loss), where
-    the baseline may be exact by luck (over many elements the median relative error of a
-    correctly rounded result is ~eps/8, so an eighth of an ulp there). floor_ulps = 0 with an exact baseline (data movement,
-    sorting, selection) demands bit-exact outputs. floor_relative (1e-6) is for float32 runs,
-    where a baseline that rounds once can be 2-6x closer to the truth than an honest kernel that
-    rounds along a chain of operations (measured: baselines against the once-rounded maths reach
-    4.3e-7 in median relative error); it is 8 float32 ulps, negligible in bf16/fp16, and far
-    below every wrong step (int8 transport ~1e-2, a 1e-3 offset, a dropped term). Complex outputs are compared as (real, imag)
-    pairs; integer and bool outputs must always be equal.
+    tau = 1e-3 * RMS(t) (relative errors near zero stay finite); eps the machine epsilon of the
+    output's dtype; f = max(1/8, 1/sqrt(elements)).
+
+    Why: the median of relative errors is what a loss of precision moves (int8 or fp8 transport,
+    a skipped term: most elements get worse) and is stable over many elements however badly a
+    few cancel; the maximum catches a wrong block, row or element that the median ignores.
+    k = 3: a ring summing in the run dtype has up to ~2.5x the median error of fp32 accumulation
+    at 8 ranks (measured on bf16 sums; two orders of one kind differ by < 1.3x), while int8
+    transport with one scale per 32 elements has ~8x the median error of one bf16 rounding on
+    Gaussian values, and far more with outliers (TaskContext.randn_outliers). floor_ulps: outputs
+    of a few elements (a loss) may be exact in the baseline by luck, so a whole ulp there; over
+    many elements the median relative error of a correctly rounded result is ~eps/8, so an eighth.
+    floor_relative (1e-6, 8 float32 ulps, nothing in bf16/fp16): in float32 a baseline that
+    rounds once can be 2-6x closer to the truth than an honest kernel rounding along a chain of
+    operations (measured, baselines against the once-rounded maths: up to 4.3e-7); every wrong
+    step is far above it (int8 ~1e-2, a 1e-3 offset, a dropped term). All zero (EXACT_OUTPUT)
+    with an exact baseline (movement, sorting, selection): bit-exact. Complex outputs count as
+    (real, imag) pairs; integer and bool outputs must be equal.
     """
 
     k: float = 3.0
