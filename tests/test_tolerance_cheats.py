@@ -264,6 +264,16 @@ if __name__ == "__main__":  # a matrix of what passes, for tuning
 # maths (no hidden float32 cut), a correct solution (the reference's outputs) must pass against
 # the real baseline's error, and the plain cheats must still fail against it.
 
+def _typical_error(value: torch.Tensor, truth: torch.Tensor) -> float:
+    """Median relative error, as the judge measures it (tasks.base.OutputTolerance)."""
+    value, truth = value.detach().to(torch.complex128 if value.is_complex() else torch.float64), truth.detach()
+    if value.is_complex():
+        value, truth = torch.view_as_real(value), torch.view_as_real(truth.to(torch.complex128))
+    truth = truth.to(torch.float64)
+    tau = max(1e-3 * float(truth.square().mean().sqrt()), 1e-300)
+    return float(((value - truth).abs() / (truth.abs() + tau)).median())
+
+
 # Outputs that are the communicated values themselves (or sums of them): int8 transport of them
 # must fail against the real baseline too. Local results (clipped gradients, weight gradients of
 # a pipeline stage) are not sent, so the check is the x0.9 one there.
@@ -319,7 +329,9 @@ def _judge_one_with_real_baseline(task: tasks.Task, rank: int, world_size: int, 
             for path in _paths(expected):
                 if _at(truth, path).numel() == 0 or float(_at(truth, path).abs().max()) == 0:
                     continue
-                checks = [("x 0.9", lambda t: t * 0.9)]
+                # x 0.9 must fail wherever a 10% error is visible at all: not on an output whose
+                # baseline is itself that far off (one element summed with cancellation in bf16).
+                checks = [("x 0.9", lambda t: t * 0.9)] if _typical_error(_at(expected, path), _at(truth, path)) < 0.03 else []
                 if task.id in SENT_OUTPUTS and _at(expected, path).numel() >= MIN_ELEMENTS:
                     checks.append(("int8 per 32", lambda t: int8(t, 32)))
                 for name, fn in checks:
@@ -329,7 +341,7 @@ def _judge_one_with_real_baseline(task: tasks.Task, rank: int, world_size: int, 
             return problems
 
 
-@pytest.mark.parametrize("world_size", (2, 4))
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_the_judges_path_on_real_ranks_truth_from_float64_baselines(world_size: int) -> None:
     from tests._dist import run_distributed
 
