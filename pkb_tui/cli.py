@@ -334,12 +334,12 @@ def cmd_models(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     models = list_models()
     if args.json:
         json.dump([{
-            "name": m.name, "path": str(m.path) if m.path else None, "manifest": m.manifest,
+            "name": m.name, "label": m.label, "path": str(m.path) if m.path else None, "manifest": m.manifest,
             "tasks": m.covers(task_ids),
         } for m in models], out, indent=2)
         out.write("\n")
         return EXIT_OK
-    rows = [(m.name, f"{len(m.covers(task_ids))}/{len(task_ids)}", m.manifest.get("backend", "-"), str(m.path or "(built in)"))
+    rows = [(m.display_name, f"{len(m.covers(task_ids))}/{len(task_ids)}", m.manifest.get("backend", "-"), str(m.path or "(built in)"))
             for m in models]
     _print_table(("model", "tasks", "backend", "path"), rows, out)
     return EXIT_OK

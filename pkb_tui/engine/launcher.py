@@ -114,12 +114,18 @@ class Launcher:
                         self.skipped.append(message)
                         continue
                     raise PkbError(message)
+                invalid_reason = None
                 if solution is not None:
-                    validate_solution_file(solution, task.id, baseline_arity(task.baseline))
+                    # A bad candidate file is that model's failed run, not the whole batch's usage error.
+                    try:
+                        validate_solution_file(solution, task.id, baseline_arity(task.baseline))
+                    except PkbError as exc:
+                        invalid_reason = str(exc)
                 items.append(RunItem(
                     index=len(items), task=task.id, model=model.name,
                     model_path=str(model.path) if model.path else None,
                     solution_path=str(solution) if solution else None,
+                    invalid_reason=invalid_reason,
                 ))
         if not items:
             raise PkbError("Nothing to run: " + " ".join(self.skipped or ["no task and model pair applies."]))
@@ -139,10 +145,13 @@ class Launcher:
         batch_dir.mkdir(parents=True, exist_ok=True)
         self._batch_dir = batch_dir
         states = self._create_runs(store, request, items, mode, batch_id, batch_dir)
+        for item in items:
+            if item.invalid_reason:
+                self._record_invalid(store, states[item.index], item.invalid_reason, on_event)
         self._start_telemetry()
         mps = self._start_mps(mode)
         try:
-            remaining = list(items)
+            remaining = [item for item in items if not item.invalid_reason]
             launch = 0
             while remaining:
                 if cancel.is_set():
@@ -167,6 +176,17 @@ class Launcher:
         statuses = {s.run_id: s.status for s in states.values()}
         return BatchOutcome([s.run_id for s in states.values()], statuses, list(self.skipped))
 
+    def _record_invalid(
+        self, store: Store, state: _RunState, reason: str, on_event: EventCallback | None = None,
+    ) -> None:
+        """A candidate that cannot run (see RunItem.invalid_reason): its run is recorded as failed
+        with the reason, without launching anything; the rest of the batch goes on."""
+        if on_event is not None:
+            item = state.item
+            on_event(ev.RunStarted(item=item.index, task=item.task, model=item.model, trials=0), state.run_id)
+        store.update_run(state.run_id, started_at=time.time())
+        self._finish(store, state, "failed", f"invalid candidate: {reason}", on_event)
+
     def _create_runs(
         self, store: Store, request: RunRequest, items: list[RunItem], mode: str, batch_id: str, batch_dir: Path,
     ) -> dict[int, _RunState]:
@@ -177,7 +197,11 @@ class Launcher:
             baseline_hash = store.add_source(str(baseline_file.relative_to(PROJECT_ROOT)) if baseline_file.is_relative_to(PROJECT_ROOT) else str(baseline_file), baseline_file.read_text())
             candidate_hash = baseline_hash
             if item.solution_path:
-                candidate_hash = store.add_source(item.solution_path, Path(item.solution_path).read_text())
+                try:
+                    source = Path(item.solution_path).read_text(errors="replace")
+                except OSError as exc:  # an unreadable candidate is an invalid item (plan), still a run
+                    source = f"# unreadable: {exc.strerror}\n"
+                candidate_hash = store.add_source(item.solution_path, source)
             run_id = store.create_run({
                 "batch_id": batch_id, "task_id": item.task, "model": item.model, "model_path": item.model_path,
                 "world_size": request.world_size, "mode": mode, "dtype": request.dtype, "size": request.size,

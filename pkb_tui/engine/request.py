@@ -44,6 +44,9 @@ class RunItem:
     model: str
     model_path: str | None  # folder of the solution set; None for the baseline model
     solution_path: str | None  # the candidate's file; None for the baseline model
+    # Why the candidate file cannot run (no `solution`, a syntax error, a wrong signature, empty):
+    # such an item is recorded as a failed run with this reason and never launched.
+    invalid_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -13,7 +13,7 @@ import torch
 
 from tasks import _comm
 from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
-from tasks.collective._common import CHUNKED_SIZES, EXACT_TOLERANCES
+from tasks.collective._common import CHUNKED_SIZES, EXACT_OUTPUTS, EXACT_TOLERANCES
 
 TASK = TaskSpec(
     id="all_to_all",
@@ -24,6 +24,7 @@ TASK = TaskSpec(
     sizes=CHUNKED_SIZES,  # rows_per_rank rows go to each peer: the input has world_size times more
     dtypes=("float32", "bfloat16", "float16"),
     tolerances=EXACT_TOLERANCES,
+    output_tolerances=EXACT_OUTPUTS,
 )
 
 

@@ -13,7 +13,7 @@ import torch
 
 from tasks import _comm
 from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
-from tasks.collective._common import EXACT_TOLERANCES, FLAT_SIZES
+from tasks.collective._common import EXACT_OUTPUTS, EXACT_TOLERANCES, FLAT_SIZES
 
 ROOT = 0
 
@@ -27,6 +27,7 @@ TASK = TaskSpec(
     sizes=FLAT_SIZES,
     dtypes=("float32", "bfloat16", "float16"),
     tolerances=EXACT_TOLERANCES,
+    output_tolerances=EXACT_OUTPUTS,
 )
 
 

@@ -34,7 +34,7 @@ TASK = TaskSpec(
 
 
 def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor]:
-    return (ctx.randn(ctx.params["numel"]),)
+    return (ctx.randn_outliers(ctx.params["numel"]),)  # outlier elements: int8 transport shows
 
 
 def baseline(x: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ TASK = TaskSpec(
 
 
 def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor]:
-    return (ctx.randn(ctx.world_size * ctx.params["rows_per_rank"], ctx.params["cols"]),)
+    return (ctx.randn_outliers(ctx.world_size * ctx.params["rows_per_rank"], ctx.params["cols"]),)  # see randn_outliers
 
 
 def baseline(x: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from tasks import _comm
 from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
-from tasks.collective._common import CHUNKED_SIZES, EXACT_TOLERANCES
+from tasks.collective._common import CHUNKED_SIZES, EXACT_OUTPUTS, EXACT_TOLERANCES
 
 ROOT = 0
 
@@ -27,6 +27,7 @@ TASK = TaskSpec(
     sizes=CHUNKED_SIZES,  # rows_per_rank is the output's rows; the input has world_size times more
     dtypes=("float32", "bfloat16", "float16"),
     tolerances=EXACT_TOLERANCES,
+    output_tolerances=EXACT_OUTPUTS,
 )
 
 

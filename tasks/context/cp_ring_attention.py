@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 TASK = TaskSpec(
     id="cp_ring_attention",
@@ -73,10 +73,10 @@ def baseline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     kv_heads = k.shape[1]
     chunk = rows // 2
     # [Hkv, group, rows, D]: the q heads sharing a kv head broadcast against its [Hkv, 1, *, D] block.
-    q_grouped = (q.float() * head_dim ** -0.5).permute(1, 0, 2).reshape(kv_heads, q_heads // kv_heads, rows, head_dim)
-    row_max = torch.full(q_grouped.shape[:-1], float("-inf"), device=q.device)
-    row_sum = torch.zeros(q_grouped.shape[:-1], device=q.device)
-    acc = torch.zeros(q_grouped.shape, device=q.device)
+    q_grouped = (q.to(accumulate_dtype(q)) * head_dim ** -0.5).permute(1, 0, 2).reshape(kv_heads, q_heads // kv_heads, rows, head_dim)
+    row_max = torch.full(q_grouped.shape[:-1], float("-inf"), dtype=q_grouped.dtype, device=q.device)
+    row_sum = torch.zeros(q_grouped.shape[:-1], dtype=q_grouped.dtype, device=q.device)
+    acc = torch.zeros(q_grouped.shape, dtype=q_grouped.dtype, device=q.device)
     diagonal_mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu_(1)
     my_chunks = (rank, 2 * n - 1 - rank)
 
@@ -87,7 +87,7 @@ def baseline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # TransformerEngine overlaps this hop with the block below; the baseline does not.
             incoming = torch.empty_like(kv)
             _comm.sendrecv(kv, (rank + 1) % n, incoming, (rank - 1) % n)
-        keys, values = kv.float().permute(0, 2, 1, 3).unsqueeze(2)  # each [Hkv, 1, rows, D]
+        keys, values = kv.to(q_grouped.dtype).permute(0, 2, 1, 3).unsqueeze(2)  # each [Hkv, 1, rows, D]
         for qi, q_chunk in enumerate(my_chunks):
             q_rows = slice(qi * chunk, (qi + 1) * chunk)
             for ki, kv_chunk in enumerate((src, 2 * n - 1 - src)):

@@ -61,7 +61,7 @@ def _grad_shapes(hidden: int, ffn: int) -> list[tuple[int, ...]]:
 
 def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, ...]:
     shapes = _grad_shapes(ctx.params["hidden"], ctx.params["ffn"])
-    return tuple(ctx.randn(*shape, stream=i) for i, shape in enumerate(shapes))
+    return tuple(ctx.randn_outliers(*shape, stream=i) for i, shape in enumerate(shapes))  # gradients with outliers
 
 
 def bucket_assignment(grads: tuple[torch.Tensor, ...]) -> list[list[int]]:

@@ -21,10 +21,15 @@ import torch
 from tasks import _comm
 from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
-LR = 1e-3
+# lr and weight decay are large on purpose: every step of AdamW must move the parameters by more
+# than their bf16 rounding (median relative error ~eps/8 = 1e-3, the judge allows ~4e-3). With
+# params ~N(0, 1) and these moments, the update is ~2.5% of a parameter, the bias correction
+# changes it ~6x (8% of a parameter), the decay is lr * wd = 3%: a candidate skipping any of them
+# fails in every dtype. The second moment's update (~0.1/n relative) shows in exp_avg_sq itself.
+LR = 0.1
 BETA1, BETA2 = 0.9, 0.999
 EPS = 1e-8
-WEIGHT_DECAY = 0.01
+WEIGHT_DECAY = 0.3
 STEP = 5  # the optimizer step being taken (bias correction 1 - beta^STEP)
 
 TASK = TaskSpec(
@@ -43,8 +48,8 @@ TASK = TaskSpec(
         "large": {"numel": 1_300_000_001},
     },
     dtypes=("float32", "bfloat16"),
-    # Parameters: |update| <= lr * ~sqrt(1/(1-beta2)) / (1/(1-beta1)) ~ 1e-2 relative, computed in
-    # fp32, so new params carry one rounding to the dtype. Moments: computed in fp32 from a gradient
+    # (compare_outputs; the judge uses the default output tolerances, k = 3 over the baseline's own
+    # error.) Parameters: the update is computed in fp32, so new params carry one rounding to the dtype. Moments: computed in fp32 from a gradient
     # averaged in the dtype over up to 8 ranks (bf16: up to 7 roundings of partial sums ~3x the
     # result, /n -> ~1e-2 abs on a gradient of std 1/sqrt(n)); exp_avg sees 0.1x of that error,
     # exp_avg_sq 0.001x of twice the relative error.
@@ -90,11 +95,12 @@ def baseline(params: torch.Tensor, grads: torch.Tensor, exp_avg_shard: torch.Ten
     grad_shard = torch.empty(s, dtype=grads.dtype, device=grads.device)
     _comm.reduce_scatter_single(grad_shard, padded_grads)
 
-    param_shard = torch.zeros(s, dtype=torch.float32, device=params.device)  # the last one padded
+    # float32 (float64 when the judge runs this on float64 copies for the truth), the last one padded
+    param_shard = torch.zeros(s, dtype=exp_avg_shard.dtype, device=params.device)
     owned = params[rank * s:(rank + 1) * s]
     param_shard[: owned.numel()] = owned
     new_param_shard, new_exp_avg, new_exp_avg_sq = _adamw(
-        param_shard, grad_shard.float() / n, exp_avg_shard, exp_avg_sq_shard,
+        param_shard, grad_shard.to(exp_avg_shard.dtype) / n, exp_avg_shard, exp_avg_sq_shard,
     )
 
     gathered = torch.empty(n * s, dtype=params.dtype, device=params.device)
@@ -114,8 +120,9 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[tuple]:
     exp_avg_sq = torch.cat([inputs[3].double() for inputs in inputs_per_rank])
     new_params, new_avg, new_avg_sq = _adamw(params, grad, exp_avg, exp_avg_sq)
     new_params = new_params[:numel].to(ctx.dtype)
+    moments = inputs_per_rank[0][2].dtype  # float32 (float64 for the truth)
     return [
-        (new_params.clone(), new_avg[r * s:(r + 1) * s].float(), new_avg_sq[r * s:(r + 1) * s].float())
+        (new_params.clone(), new_avg[r * s:(r + 1) * s].to(moments), new_avg_sq[r * s:(r + 1) * s].to(moments))
         for r in range(n)
     ]
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 EPS = 1e-6
 
@@ -50,8 +50,11 @@ TASK = TaskSpec(
 
 def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     p, n = ctx.params, ctx.world_size
-    partial = ctx.randn(p["tokens"], p["hidden"], stream=0, dtype=torch.float32) / math.sqrt(n)
-    residual_shard = ctx.randn(p["tokens"] // n, p["hidden"], stream=1)
+    # Outlier channels in the residual stream (as in LLMs), the same on every rank: int8 transport
+    # of the partials shows (TaskContext.randn_outliers).
+    channels = ctx.outlier_scales(p["hidden"], stream=0)
+    partial = ctx.randn(p["tokens"], p["hidden"], stream=0, dtype=torch.float32) * channels / math.sqrt(n)
+    residual_shard = (ctx.randn(p["tokens"] // n, p["hidden"], stream=1, dtype=torch.float32) * channels).to(ctx.dtype)
     # Norm weights are replicated and stay near 1 in trained models.
     gamma = 1.0 + 0.1 * torch.randn(p["hidden"], generator=ctx.shared_generator(), device=ctx.device)
     return partial.to(ctx.dtype), residual_shard, gamma.to(ctx.dtype)
@@ -64,7 +67,7 @@ def baseline(
     reduced = torch.empty((partial.shape[0] // n, partial.shape[1]), dtype=partial.dtype, device=partial.device)
     _comm.reduce_scatter_single(reduced, partial)
     residual_out = reduced.add_(residual_shard)
-    x = residual_out.float()
+    x = residual_out.to(accumulate_dtype(residual_out))
     normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)).to(partial.dtype) * gamma
     return normed, residual_out
 

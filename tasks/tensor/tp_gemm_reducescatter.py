@@ -48,6 +48,8 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor]:
     p, n = ctx.params, ctx.world_size
     x_shard = ctx.randn(p["tokens"], p["in_features"] // n, stream=0)
     weight_shard = ctx.randn(p["out_features"], p["in_features"] // n, stream=1, dtype=torch.float32)
+    # Outlier output features (the same on every rank), so int8 transport of the partials shows.
+    weight_shard = weight_shard * ctx.outlier_scales(p["out_features"], 1, stream=1)
     return x_shard, (weight_shard / math.sqrt(p["in_features"])).to(ctx.dtype)
 
 

@@ -50,6 +50,9 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     cols = p["in_features"] // ctx.world_size
     x_shard = ctx.randn(p["tokens"], cols, stream=0)
     weight_shard = ctx.randn(p["out_features"], cols, stream=1, dtype=torch.float32) / math.sqrt(p["in_features"])
+    # Outlier output features (the same on every rank): the partial sums the ranks exchange then
+    # have them too, and int8 transport of those partials shows (TaskContext.randn_outliers).
+    weight_shard = weight_shard * ctx.outlier_scales(p["out_features"], 1, stream=1)
     bias = torch.randn(p["out_features"], generator=ctx.shared_generator(), device=ctx.device)
     return x_shard, weight_shard.to(ctx.dtype), bias.to(ctx.dtype)
 
