@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import stat
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
