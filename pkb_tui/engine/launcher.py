@@ -222,13 +222,13 @@ class Launcher:
         scratch = batch_dir / "scratch"
         scratch.mkdir(exist_ok=True)
         events_path = batch_dir / f"events.{launch}.jsonl"
-        events_path.touch()
+        _create_new(events_path, b"")
         spec_path = batch_dir / f"spec.{launch}.json"
-        spec_path.write_text(json.dumps({
+        _create_new(spec_path, json.dumps({
             "request": request.to_dict(), "items": [i.to_dict() for i in items], "mode": mode,
             "events_path": str(events_path), "log_dir": str(batch_dir), "scratch_dir": str(scratch),
             "launcher_pid": os.getpid(), "heartbeat_s": 1.0,
-        }))
+        }).encode())
         port = _free_port()
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
@@ -250,7 +250,7 @@ class Launcher:
         if mps is not None:
             env.update(mps.env)
         launch_log = batch_dir / "launch.log"
-        with open(launch_log, "ab") as log:
+        with os.fdopen(os.open(launch_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "ab") as log:
             log.write(f"\n=== launch {launch}: {' '.join(cmd)}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
@@ -495,10 +495,10 @@ class Launcher:
         if not parts:
             return None
         merged = parts[0].parent / f"run-{state.run_id}.log"
-        with open(merged, "w") as out:
+        with os.fdopen(os.open(merged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "w") as out:
             for part in parts:
                 rank = part.name.split(".rank")[1].split(".")[0]
-                for line in part.read_text(errors="replace").splitlines():
+                for line in _read_regular(part).splitlines():
                     out.write(f"[rank {rank}] {line}\n")
         return merged
 
@@ -590,6 +590,30 @@ def _descendants(pid: int) -> list[int]:
             out.append(child)
             stack.append(child)
     return out
+
+
+def _create_new(path: Path, data: bytes) -> None:
+    """Create a file the launcher owns in the batch folder: never through a planted link or onto
+    an existing file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _read_regular(path: Path, limit: int = 64 * 2**20) -> str:
+    """A file in the batch folder as text, only if it is a regular file (no link, FIFO or device
+    planted there can redirect or hang the launcher); at most ``limit`` bytes (the tail)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        if info.st_size > limit:
+            f.seek(info.st_size - limit)
+        return f.read(limit).decode(errors="replace")
 
 
 def _free_port() -> int:
