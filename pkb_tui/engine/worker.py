@@ -781,9 +781,15 @@ class Rank:
         except CandidateFailure as exc:
             failure = exc
         failure = self._agree_failure(item, failure)
+        candidate_failure: CandidateFailure | None = None
         if failure is not None:
             self.emit(ev.Error(item=item.index, where="timing", message=failure.message))
-            return failure.status, failure.message
+            if not _candidate_fault(failure, candidate_ok):
+                return failure.status, failure.message
+            # The candidate raised or died while timed: it fails; the baseline is timed on alone.
+            candidate_failure = _during_timing(failure)
+            candidate_ok = False
+            variants = [(v, r) for v, r in variants if v != "candidate"]
         notes = self.agree({m: series[("candidate", m)].note for m in methods} if candidate_ok else {})
         for m in methods:
             note = next((n.get(m) for n in notes if n.get(m)), None)
@@ -834,7 +840,15 @@ class Rank:
             failure = self._agree_failure(item, failure)
             if failure is not None:
                 self.emit(ev.Error(item=item.index, where="timing", message=failure.message))
-                return failure.status, failure.message
+                if not _candidate_fault(failure, candidate_ok):
+                    return failure.status, failure.message
+                # The candidate raised or died while timed: it fails; the baseline keeps the rounds
+                # it has (its own figures stand).
+                candidate_failure = _during_timing(failure)
+                variants = [(v, r) for v, r in variants if v != "candidate"]
+                for key in [k for k in series if k[0] == "candidate"]:
+                    series[key].rounds = []
+                break
             round_index += 1
             # Adaptive: more rounds until the speedup's interval is narrow enough or the budget is
             # spent (judge 0 decides on its own clock's figures; every judge follows).
@@ -847,7 +861,7 @@ class Rank:
         del inputs, expected, truths
         wrong_anywhere = [w for w in self.agree(wrong) if w]
         timed_ok = not wrong_anywhere
-        if candidate_ok:
+        if candidate_ok and candidate_failure is None:
             self._report_trial(item, -1, Comparison(timed_ok, message=None if timed_ok else wrong_anywhere[0]))
 
         # Per block: the slowest rank's wall time; the harness cost of a block is the median of the
@@ -861,6 +875,8 @@ class Rank:
         if self.rank == 0 and gathered is not None:
             tampered = self._emit_timings(item, variants, methods, series, gathered, link_all, calls)
         tampered = self.agree(tampered)[0]
+        if candidate_failure is not None:
+            return "failed", candidate_failure.message
         if tampered:
             self.emit(ev.Error(item=item.index, where="timing", message=tampered))
             return "failed", tampered
@@ -995,6 +1011,19 @@ def _build_output(spec: Any, arena: torch.Tensor, leaves: list[Any] | None) -> A
         return channel.build(node, arena)
 
     return walk(spec)
+
+
+def _candidate_fault(failure: CandidateFailure, candidate_timed: bool) -> bool:
+    """A failure in timing that is the candidate's (it raised or its process died), so the
+    baseline can be timed on without it; a timeout or a baseline runner's failure is not."""
+    return candidate_timed and failure.status == "error" and "baseline" not in failure.message
+
+
+def _during_timing(failure: CandidateFailure) -> CandidateFailure:
+    message = failure.message.replace("the candidate raised:", "the candidate raised during timing:", 1)
+    if message == failure.message:
+        message = f"during timing: {message}"
+    return CandidateFailure(failure.status, message)
 
 
 def _failure_order(entry: Any) -> int:
