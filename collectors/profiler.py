@@ -31,6 +31,8 @@ import re
 from typing import Any, Callable, Iterable
 
 CATEGORIES = ("communication", "copy", "candidate", "compute")
+# Calls of each variant the worker profiles (after timing): the kernel table's rows sum over them.
+PROFILE_CALLS = 3
 
 _COMM_PREFIX = re.compile(r"^(?:void\s+)?(?:nccl|rccl)", re.IGNORECASE)
 _COMM_CPU = re.compile(
