@@ -187,3 +187,26 @@ def test_rm_deletes_runs_and_names_the_missing(cli, tmp_db: Path) -> None:
     assert [r["id"] for r in cli("runs", "--json").json()] == [second]
     missing = cli("rm", str(first))
     assert missing.code == 2 and f"There is no run {first}" in _one_sentence(missing)
+
+
+def test_show_lists_kernels_of_both_variants_on_every_rank(cli, tmp_db: Path) -> None:
+    from collectors.profiler import PROFILE_CALLS
+    from tests.test_store import _run
+
+    with Store(tmp_db) as store:
+        run_id = _run(store, "all_reduce", "m", "passed", 1.2, True)
+        store.add_kernels(run_id, [
+            {"variant": variant, "rank": rank, "name": f"{variant}_kernel_{i:02d}", "category": "compute",
+             "calls": PROFILE_CALLS, "total_us": 100.0 - i, "mean_us": 1.0}
+            for variant in ("baseline", "candidate") for rank in (0, 1) for i in range(12)
+        ])
+    top = cli("show", str(run_id), "--kernels", "3").out
+    assert f"over {PROFILE_CALLS} calls of each variant" in top and "on each of 2 rank(s)" in top
+    for variant in ("baseline", "candidate"):
+        rows = [line.split() for line in top.splitlines() if line.startswith(variant)]
+        assert {(r[1], r[3]) for r in rows} == {(rank, f"{variant}_kernel_{i:02d}") for rank in "01" for i in range(3)}
+        assert f"9 more {variant} kernel(s)" in top
+    every = cli("show", str(run_id), "--kernels", "all").out
+    assert sum(line.startswith(("baseline", "candidate")) for line in every.splitlines()) == 2 * 2 * 12
+    assert "more" not in every
+    assert cli("show", str(run_id), "--kernels", "0").code == 2
