@@ -163,6 +163,92 @@ def describe_init_error(exc: BaseException) -> str:
     return f"NVML failed to start ({exc})"
 
 
+def nvml_call(nvml: Any, unsupported: set[str], function: str, *args: Any, handle: Any = None) -> Any:
+    """nvml.<function>([handle,] *args), or None ("not available") when NVML lacks it, the device
+    does not support it, or it fails. What answered NOT_SUPPORTED (or is missing) is remembered in
+    ``unsupported`` (one set per device) and not asked again. NVML queries go through here."""
+    key = f"{function}{args}"
+    if key in unsupported:
+        return None
+    fn = getattr(nvml, function, None)
+    if fn is None:
+        unsupported.add(key)
+        return None
+    try:
+        return fn(*args) if handle is None else fn(handle, *args)
+    except Exception as exc:  # NVMLError and ctypes errors alike: the value is just unavailable
+        if _error_code(exc) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT):
+            unsupported.add(key)
+        return None
+
+
+class Nvml:
+    """The gateway to NVML for one-off questions (which processes use the GPUs, device facts):
+    ``with Nvml() as nvml: nvml.device_call(0, "nvmlDeviceGetName")``. Where NVML cannot start,
+    ``reason`` says why and every call answers None, as the sampler's queries do."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self.module: Any = None
+        self.reason: str | None = None
+        self.unsupported: set[str] = set()
+        self._device_unsupported: dict[int, set[str]] = {}
+        self._handles: dict[int, Any] = {}
+        try:
+            module = nvml if nvml is not None else load_nvml()
+            module.nvmlInit()
+            self.module = module
+        except BaseException as exc:  # ImportError, NVMLError, OSError: all mean "no NVML here"
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            self.reason = describe_init_error(exc)
+
+    @property
+    def available(self) -> bool:
+        return self.module is not None
+
+    def call(self, function: str, *args: Any) -> Any:
+        return nvml_call(self.module, self.unsupported, function, *args) if self.module is not None else None
+
+    def device_count(self) -> int:
+        return int(self.call("nvmlDeviceGetCount") or 0)
+
+    def handle(self, index: int) -> Any:
+        if index not in self._handles:
+            self._handles[index] = self.call("nvmlDeviceGetHandleByIndex", index)
+        return self._handles[index]
+
+    def device_call(self, index: int, function: str, *args: Any) -> Any:
+        handle = self.handle(index)
+        if handle is None:
+            return None
+        unsupported = self._device_unsupported.setdefault(index, set())
+        return nvml_call(self.module, unsupported, function, *args, handle=handle)
+
+    def compute_pids(self) -> set[int]:
+        """Processes holding a compute context on any GPU (empty where NVML cannot say)."""
+        pids: set[int] = set()
+        for index in range(self.device_count()):
+            for proc in self.device_call(index, "nvmlDeviceGetComputeRunningProcesses") or []:
+                pid = getattr(proc, "pid", None)
+                if isinstance(pid, int):
+                    pids.add(pid)
+        return pids
+
+    def close(self) -> None:
+        if self.module is not None:
+            try:
+                self.module.nvmlShutdown()
+            except Exception:
+                pass
+            self.module = None
+
+    def __enter__(self) -> Nvml:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _field_value(entry: Any) -> int | float | None:
     """The number inside an nvmlFieldValue_t, by its value type."""
     kind = int(entry.valueType)
@@ -193,20 +279,8 @@ class _Gpu:
 
     # -- generic call with "unavailable" semantics
     def call(self, function: str, *args: Any) -> Any:
-        """nvml.<function>(handle, *args), or None if unsupported / failing."""
-        key = f"{function}{args}"
-        if key in self.unsupported:
-            return None
-        fn = getattr(self.nvml, function, None)
-        if fn is None:
-            self.unsupported.add(key)
-            return None
-        try:
-            return fn(self.handle, *args)
-        except Exception as exc:  # NVMLError and ctypes errors alike: the value is just unavailable
-            if _error_code(exc) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT):
-                self.unsupported.add(key)
-            return None
+        """nvml.<function>(handle, *args), or None if unsupported / failing (nvml_call)."""
+        return nvml_call(self.nvml, self.unsupported, function, *args, handle=self.handle)
 
     def _name(self) -> str:
         try:

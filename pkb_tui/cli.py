@@ -154,6 +154,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 # ---------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from collectors.contention import competing_load, host_load_note
     from pkb_tui.engine.launcher import Launcher
     from pkb_tui.engine.request import RunRequest
     from pkb_tui.store import Store
@@ -168,10 +169,14 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     Store(launcher.db_path).close()  # a bad --db fails here, before anything launches
     _terminate_as_interrupt()
     items = launcher.plan(request)
+    for warning in competing_load():
+        print(f"pkb-tui: warning: {warning}.", file=sys.stderr)
+    load_at_start = os.getloadavg()[0]
     progress = _Progress(sys.stderr, len(items), quiet=args.json)
     outcome = launcher.run(request, on_event=progress)
     progress.done()
     with Store(launcher.db_path) as store:
+        store.add_note(outcome.run_ids, host_load_note(load_at_start))
         runs = [_run_summary(store.run(run_id)) for run_id in outcome.run_ids]
     if args.json:
         json.dump({"db": str(launcher.db_path), "runs": runs, "skipped": outcome.skipped}, out, indent=2, default=_json_default)

@@ -194,7 +194,7 @@ def host_ring(points: int = 40) -> RingBuffer:
 def app_config(db_path: Path, **overrides: Any) -> AppConfig:
     """The config every test uses: fixed clock and catalogue, UTC dates, no live telemetry."""
     fields: dict[str, Any] = dict(
-        db_path=db_path, clock=lambda: FIXED_NOW, utc=True, catalog=fixed_catalog, telemetry=None,
+        db_path=db_path, clock=lambda: FIXED_NOW, utc=True, catalog=fixed_catalog, telemetry=None, contention_check=None,
         runs_dir=db_path.parent / "runs",
     )
     fields.update(overrides)

@@ -19,15 +19,12 @@ from pkb_tui.app.catalog import Catalog
 from pkb_tui.app.config import AppConfig
 from pkb_tui.app.format import status_mark
 from pkb_tui.app.live_state import LiveState
-from pkb_tui.app.messages import BatchBegan, BatchEnded, EngineEvent, OpenRun, QueueIdle
+from pkb_tui.app.messages import BatchBegan, BatchEnded, EngineEvent, QueueIdle
 from pkb_tui.engine.request import RunRequest
 from pkb_tui.errors import PkbError
 from pkb_tui.store import Store
 
 log = logging.getLogger("pkb_tui.app")
-
-SCREEN_NAMES = {"launch": "Launch", "live": "Live", "history": "History", "monitor": "Monitor"}
-
 
 class PkbApp(App[int]):
     TITLE = "pkb-tui"
@@ -162,10 +159,6 @@ class PkbApp(App[int]):
 
         self.show(CompareScreen(run_a, run_b))
 
-    @on(OpenRun)
-    def _open_run(self, message: OpenRun) -> None:
-        self.open_result(message.run_id)
-
     # ------------------------------------------------------------------ batches
     def launch(self, request: RunRequest) -> bool:
         """Queue a batch; False (and the reason shown) when the request cannot run."""
@@ -177,6 +170,11 @@ class PkbApp(App[int]):
         ahead = len(self.batch.pending) - 1 + (1 if self.batch.state.running else 0)
         where = f" (queued behind {ahead} batch(es))" if ahead > 0 else ""
         self.notify(f"{planned} run(s) launched{where}.", title="Launch")
+        if ahead <= 0 and self.config.contention_check is not None:
+            warnings = self.config.contention_check()
+            if warnings:
+                self.notify("; ".join(warnings) + ". Timings will suffer.", title="Something else is running",
+                            severity="warning", timeout=15)
         self._update_summary()
         self.switch_mode("live")
         return True
@@ -258,15 +256,19 @@ class PkbApp(App[int]):
             return  # already asking
 
         def answered(stop: bool | None) -> None:
-            if stop:
-                self._quit_when_idle = True
-                self.batch.cancel()
-                self._update_summary()
-                self.notify("Stopping the run; the app closes when its ranks are down.", title="Quitting")
+            if not stop:
+                return
+            if not self.batch.busy:  # the batch ended while the question was open: nothing to stop
+                self.exit(0)
+                return
+            self._quit_when_idle = True
+            self.batch.cancel()
+            self._update_summary()
+            self.notify("Stopping the run; the app closes when its ranks are down.", title="Quitting")
 
         self.show(
-            ConfirmScreen("A run is in progress. Stop it (it is recorded as interrupted) and quit?",
-                          yes="Stop and quit", no="Keep running"),
+            ConfirmScreen("A run is in progress. Stop it and quit? The run in progress is recorded as "
+                          "interrupted, runs not started yet as cancelled.", yes="Stop and quit", no="Keep running"),
             answered,
         )
 

@@ -24,6 +24,12 @@ def _default_launcher(db_path: Path, runs_dir: Path | None) -> Any:
     return Launcher(db_path, runs_dir=runs_dir)
 
 
+def _default_contention_check() -> list[str]:
+    from collectors.contention import competing_load
+
+    return competing_load()
+
+
 @dataclass
 class AppConfig:
     db_path: Path
@@ -38,3 +44,5 @@ class AppConfig:
     chart_refresh_s: float = 0.5  # plotext panels at 2 Hz at most
     history_page: int = 100  # runs loaded at a time in History (more as the cursor nears the end)
     defaults: dict[str, Any] = field(default_factory=dict)  # launch options preset (world_size, mode, ...)
+    # What else runs on the box before a batch starts (sentences); None: no check (tests, snapshots).
+    contention_check: Callable[[], list[str]] | None = _default_contention_check

@@ -89,8 +89,9 @@ class LiveState:
         for line in self.runs:
             if statuses and line.run_id in statuses:
                 line.status = statuses[line.run_id]
-            elif line.status in ("queued", "running"):
-                line.status = "interrupted" if status in ("interrupted", "error") else line.status
+            elif line.status in ("queued", "running") and status in ("interrupted", "error"):
+                # Started and stopped: interrupted; never reached: cancelled (no partial result).
+                line.status = "interrupted" if line.status == "running" else "cancelled"
         self.batch_status = status
         self.finished_at = finished_at
         self.failure = failure

@@ -36,13 +36,5 @@ class BatchEnded(Message):
         self.failure = failure
 
 
-class OpenRun(Message):
-    """Show one run's result."""
-
-    def __init__(self, run_id: int) -> None:
-        super().__init__()
-        self.run_id = run_id
-
-
 class QueueIdle(Message):
     """The batch thread has nothing left to run and has returned."""

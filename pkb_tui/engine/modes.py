@@ -7,6 +7,9 @@ import os
 from pkb_tui.errors import PkbError
 
 MODES = ("nccl", "shared-gpu", "cpu")
+# The dtype names a request may carry, in the order screens list them; tasks.base.DTYPES maps
+# exactly these to torch dtypes (a test holds the two together). Here so that choosing one needs no torch.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 MODE_CHOICES = ("auto", *MODES)  # what a user may ask for (auto: chosen from the GPUs present)
 # Ranks sharing one GPU in shared-gpu mode: past this they only time-slice (and each holds a CUDA
 # context of several hundred MiB), so the figures say nothing and the box may run out of memory.

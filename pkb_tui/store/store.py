@@ -275,6 +275,17 @@ class Store:
         with self.transaction() as conn:
             conn.execute(f"UPDATE runs SET {sets} WHERE id=?", (*fields.values(), run_id))
 
+    def add_note(self, run_ids: Iterable[int], sentence: str) -> None:
+        """Append a sentence to the notes shown with each run's result."""
+        with self.transaction() as conn:
+            for run_id in run_ids:
+                row = conn.execute("SELECT notes FROM runs WHERE id=?", (run_id,)).fetchone()
+                if row is None:
+                    continue
+                notes = json.loads(row["notes"]) if row["notes"] else []
+                notes.append(sentence)
+                conn.execute("UPDATE runs SET notes=? WHERE id=?", (json.dumps(notes), run_id))
+
     def add_result(self, run_id: int, variant: str, fields: dict[str, Any]) -> None:
         fields = {**fields, "run_id": run_id, "variant": variant}
         if isinstance(fields.get("traffic"), dict):

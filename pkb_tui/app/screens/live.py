@@ -11,7 +11,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Label, Static
 
 from pkb_tui.app.widgets.keybar import KeyBar
@@ -79,7 +79,10 @@ class LiveScreen(Screen):
         self.tick()
 
     def on_screen_suspend(self) -> None:
-        self._timer.pause()  # nothing to draw while another screen is shown
+        # Under a dialog (the quit question) Live stays in view: keep it moving. Under a full
+        # screen there is nothing to draw.
+        if not isinstance(self.app.screen, ModalScreen):
+            self._timer.pause()
 
     # ------------------------------------------------------------------ refresh
     def tick(self) -> None:
