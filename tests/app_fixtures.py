@@ -31,8 +31,8 @@ TASKS = [
 ]
 MODELS = [
     ModelInfo("baseline", 5, 5, "the task's own baseline"),
-    ModelInfo("torch-p2p", 3, 5, "point-to-point rings"),
-    ModelInfo("gpt-x-kernels", 2, 5, ""),
+    ModelInfo("torch-p2p", 3, 5, "point-to-point rings", frozenset({"all_reduce", "all_gather", "reduce_scatter"})),
+    ModelInfo("gpt-x-kernels", 2, 5, "", frozenset({"all_reduce", "tp_gemm_rs"})),
 ]
 
 

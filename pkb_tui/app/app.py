@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from textual import on
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -29,7 +30,7 @@ log = logging.getLogger("pkb_tui.app")
 class PkbApp(App[int]):
     TITLE = "pkb-tui"
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses (tests) find it too
-    ENABLE_COMMAND_PALETTE = False
+    ENABLE_COMMAND_PALETTE = True  # ctrl+p: the main actions by name (get_system_commands)
 
     BINDINGS = [
         Binding("l", "show('launch')", "Launch", show=False),
@@ -101,7 +102,7 @@ class PkbApp(App[int]):
         thrown away and redone: History's first open drew its whole screen twice, and any mode
         showed 50 ms late. The timer stays as a backstop, longer than Textual's so a slow first
         build is not drawn half done; it repaints everything as Textual's does. Called from
-        anywhere else (the command palette, which we switch off), Textual's own is kept."""
+        anywhere else (the command palette, say), Textual's own is kept."""
         if not self._switching_mode:
             super().delay_update(delay)
             return
@@ -134,6 +135,28 @@ class PkbApp(App[int]):
             if not self.screen.call_later(end, False):
                 end(True)
         return await_mount
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette (ctrl+p): the main actions by name, then Textual's own."""
+        for mode, what in (("launch", "pick tasks and models, set options, run"),
+                           ("live", "the batch in progress"), ("history", "every run, compare, leaderboard"),
+                           ("monitor", "live GPU telemetry with no run")):
+            yield SystemCommand(f"Show {mode.title()}", f"Open the {mode.title()} screen: {what}",
+                                lambda mode=mode: self.action_show(mode))
+        screen_actions = (("launch", "Run the batch", "Launch the marked tasks x the chosen models"),
+                          ("cancel", "Cancel the run", "Stop the run in progress (queued ones are cancelled)"),
+                          ("delete", "Delete runs", "Delete the marked or highlighted runs"),
+                          ("compare", "Compare two runs", "Side by side: mark two runs first"),
+                          ("toggle_board", "Leaderboard", "Per model: correct, fast_1, fast_1.5, geomean"))
+        for action, title, help_text in screen_actions:
+            if hasattr(screen, f"action_{action}"):
+                yield SystemCommand(title, help_text, lambda action=action: self.call_later(screen.run_action, action))
+        yield SystemCommand("Help", "Every key of this screen", self.action_help)
+        yield SystemCommand("Quit", "Close the dashboard (asks first while a run is in progress)",
+                            lambda: self.call_later(self.action_quit))
+        for command in super().get_system_commands(screen):
+            if command.title != "Quit":
+                yield command
 
     def action_show(self, mode: str) -> None:
         if self.current_mode != mode:
@@ -238,6 +261,13 @@ class PkbApp(App[int]):
             self.batch_summary = "▶ starting"
         else:
             self.batch_summary = "idle"
+
+    def delete_runs(self, run_ids: list[int]) -> list[int]:
+        """Delete runs (the app's store only reads; a short-lived writer does it). Raises PkbError."""
+        with Store(self.config.db_path, recover=False) as store:
+            deleted = store.delete_runs(run_ids)
+        self.refresh_history()
+        return deleted
 
     def refresh_history(self) -> None:
         """Screens that list runs reload when shown; the one on view now reloads at once."""

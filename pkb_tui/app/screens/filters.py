@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Select, Static
 
 from pkb_tui.app.format import status_mark, truncate
-from pkb_tui.store.schema import RUN_STATUSES
+from pkb_tui.store.statuses import STATUSES as RUN_STATUSES
 
 ANY = "any"
 PERIODS = ((ANY, "any time"), ("1d", "last 24 h"), ("7d", "last 7 days"), ("30d", "last 30 days"))

@@ -19,6 +19,7 @@ from pkb_tui.app.format import (
 from pkb_tui.app.screens.filters import FilterScreen, RunFilters
 from pkb_tui.app.widgets.nav import NavBar
 from pkb_tui.app.widgets.row_list import Column, RowList
+from pkb_tui.errors import PkbError
 
 if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
@@ -71,6 +72,7 @@ class HistoryScreen(Screen):
         Binding("r", "reverse", "Reverse order", show=False),
         Binding("b", "toggle_board", "Leaderboard"),
         Binding("f", "filters", "Filters"),
+        Binding("d", "delete", "Delete"),
         Binding("escape", "focus_table", "Table", show=False),
     ]
 
@@ -274,6 +276,30 @@ class HistoryScreen(Screen):
                 table.update_row(index, self._row(self._runs[rid]))
         table.cursor += 1
         self._update_title()
+
+    def action_delete(self) -> None:
+        """Delete the marked runs, else the highlighted one, after asking."""
+        from pkb_tui.app.screens.confirm import ConfirmScreen
+
+        ids = list(self.marked) or ([self.highlighted()] if self.highlighted() is not None else [])
+        if not ids:
+            return
+        names = ", ".join(f"#{i}" for i in ids)
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                self.pkb.delete_runs([int(i) for i in ids if i is not None])
+            except PkbError as exc:
+                self.notify(str(exc), title="Cannot delete", severity="error", timeout=10)
+                return
+            self.marked = []
+            self.notify(f"Deleted run {names}.", title="History")
+            self.reload()
+
+        self.pkb.show(ConfirmScreen(f"Delete run {names} with its results, trials, kernels and samples? "
+                                    "This cannot be undone.", yes="Delete", no="Keep"), answered)
 
     def action_compare(self) -> None:
         pair = list(self.marked)

@@ -53,6 +53,7 @@ class LaunchScreen(Screen):
         self.marked: set[str] = set()
         self.catalog: Catalog | None = None
         self._preset: dict = {}
+        self.defaults: dict = {}  # the options shown first: the app's, over the saved preset
         self._data_version: int | None = None
 
     @property
@@ -62,7 +63,7 @@ class LaunchScreen(Screen):
     def compose(self) -> ComposeResult:
         # The preset saved by the last launch, under what the app was given (tests pin that).
         self._preset = preset.load(self.pkb.config.db_path)
-        defaults = {**self._preset, **self.pkb.config.defaults}
+        defaults = self.defaults = {**self._preset, **self.pkb.config.defaults}
         self.marked = set(defaults.get("marked") or [])
         yield NavBar("launch")
         with Horizontal(id="launch-body"):
@@ -139,7 +140,7 @@ class LaunchScreen(Screen):
         family.value = ALL
         models = self.query_one("#models", SelectionList)
         models.clear_options()
-        wanted = self.pkb.config.defaults.get("models")
+        wanted = self.defaults.get("models")
         if wanted is None:  # the solution set covering the most tasks, else the baseline self-check
             real = sorted((m for m in catalog.models if m.name != "baseline" and m.covered), key=lambda m: -m.covered)
             wanted = [real[0].name] if real else ["baseline"]

@@ -258,7 +258,7 @@ class ResultScreen(Screen):
             return
         self.run = run
         head = [run_title(run), Text(run_settings(run, utc=self.pkb.config.utc), style="dim")]
-        if run.get("status") in ("error", "timeout", "interrupted", "failed") and run.get("status_detail"):
+        if run.get("status") != "passed" and run.get("status_detail"):
             head.append(Text(f"‼ {run['status_detail']}", style="red"))
         if not run.get("timings_representative", 1):
             head.append(Text("⚠ timings not representative: several ranks shared one GPU", style="yellow"))
