@@ -46,7 +46,7 @@ async def pick_all_reduce(app: PkbApp, pilot) -> None:
     await pilot.press("slash", *"all_reduce", "enter")  # filter, then Enter goes back to the list
     await pilot.pause()
     table = app.screen.query_one("#tasks", DataTable)
-    assert [table.get_row_at(i)[0].plain[4:] for i in range(table.row_count)] == ["all_reduce"]
+    assert [table.get_row_at(i)[0].plain[2:] for i in range(table.row_count)] == ["all_reduce"]
 
 
 def descendants() -> list[int]:

@@ -52,7 +52,7 @@ def test_the_app_opens_on_the_tasks_list(seeded):
     async def body(pilot):
         assert isinstance(app.screen, LaunchScreen)
         assert app.focused is app.screen.query_one("#tasks", DataTable)
-        tasks = [row[0][4:] for row in table_rows(app.screen.query_one("#tasks", DataTable))]
+        tasks = [row[0][2:] for row in table_rows(app.screen.query_one("#tasks", DataTable))]
         assert tasks == ["all_reduce", "all_gather", "reduce_scatter", "tp_gemm_rs", "ring_attention"]
         # The last result of each task comes from the database, with its mark.
         text = screen_text(app)
@@ -69,12 +69,12 @@ def test_launch_filters_tasks_by_text_and_family(seeded):
         table = app.screen.query_one("#tasks", DataTable)
         await pilot.press("slash", *"ring")
         await pilot.pause()
-        assert [r[0][4:] for r in table_rows(table)] == ["ring_attention"]
+        assert [r[0][2:] for r in table_rows(table)] == ["ring_attention"]
         # Back to the table, then "/" again selects the filter's text: backspace clears it.
         await pilot.press("escape", "slash", "backspace", "escape", "f")
         await pilot.pause()
         assert app.screen.query_one("#family", Select).value == "collective"
-        assert [r[0][4:] for r in table_rows(table)] == ["all_reduce", "all_gather", "reduce_scatter"]
+        assert [r[0][2:] for r in table_rows(table)] == ["all_reduce", "all_gather", "reduce_scatter"]
 
     drive(app, body)
 
@@ -462,8 +462,8 @@ def test_marking_is_explicit_and_enter_never_launches(seeded):
         await pilot.pause()
         assert table.cursor_row == 0  # marking does not move
         cell = table.get_row_at(0)[0]
-        assert cell.plain.startswith("[x] all_reduce")  # a box, not only a colour
-        assert table.get_row_at(1)[0].plain.startswith("[ ] ")
+        assert cell.plain.startswith("☒ all_reduce")  # a box, not only a colour
+        assert table.get_row_at(1)[0].plain.startswith("☐ ")
         await pilot.press("down", "space", "down", "space", "enter")
         await pilot.pause()
         assert isinstance(app.screen, LaunchScreen) and not app.batch.busy and not app.batch.pending
@@ -488,11 +488,11 @@ def test_the_filter_matches_ids_and_families_and_descriptions_only_when_asked(se
         box.value = ""
         await pilot.press("question_mark", *"fsdp")
         await pilot.pause()
-        assert [r[0][4:] for r in table_rows(table)] == ["all_gather", "reduce_scatter"]
+        assert [r[0][2:] for r in table_rows(table)] == ["all_gather", "reduce_scatter"]
         box.value = ""
         await pilot.press(*"context")  # a family
         await pilot.pause()
-        assert [r[0][4:] for r in table_rows(table)] == ["ring_attention"]
+        assert [r[0][2:] for r in table_rows(table)] == ["ring_attention"]
 
     drive(app, body)
 
@@ -521,7 +521,7 @@ def test_launch_options_and_marks_outlive_the_session(seeded):
         assert screen.query_one("#world-size", Select).value == 4
         assert screen.query_one("#dtype", Select).value == "bfloat16"
         assert screen.chosen_models() == ["gpt-x-kernels"]
-        assert "[x] all_gather" in screen_text(second)
+        assert "☒ all_gather" in screen_text(second)
 
     drive(second, check)
 

@@ -14,7 +14,7 @@ from pkb_tui.store.statuses import STATUS_MARKS, STATUSES
 
 MARKS = ("Marks: " + "  ".join(f"{STATUS_MARKS[s]} {s}" for s in STATUSES)
          + "  ✓/✗ correct/incorrect  ▲ faster/better  ▼ slower/worse  · n/a (not measured)  ● marked for compare"
-         + "  [x] task marked to run")
+         + "  ☒ task marked to run")
 
 
 def _key_label(binding: Binding) -> str:

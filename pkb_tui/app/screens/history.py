@@ -40,12 +40,12 @@ COLUMN_SORT = {"id": "id", "task": "task", "model": "model", "status": "status",
                "cand": "candidate_us", "base": "baseline_us", "when": "created"}
 # Sized so that 80 columns show everything up to the date; the host gets what is left.
 RUN_COLUMNS = [
-    Column("mark", " ", 1), Column("id", "run", 5, "right"), Column("status", "", 1), Column("task", "task", 15),
-    Column("model", "model", 14), Column("speedup", "speedup", 8, "right"), Column("cand", "cand", 8, "right"),
+    Column("mark", " ", 1), Column("id", "run", 5, "right"), Column("status", "", 1), Column("task", "task", 15, grow_to=30),
+    Column("model", "model", 14, grow_to=30), Column("speedup", "speedup", 8, "right"), Column("cand", "cand", 8, "right"),
     Column("base", "base", 8, "right"), Column("when", "when", 11), Column("host", "host", 12),
 ]
 BOARD_COLUMNS = [
-    Column("model", "model", 22), Column("tasks", "tasks", 5, "right"), Column("correct", "correct", 7, "right"),
+    Column("model", "model", 22, grow_to=40), Column("tasks", "tasks", 5, "right"), Column("correct", "correct", 7, "right"),
     Column("fast_1", "fast_1", 7, "right"), Column("fast_1_5", "fast_1.5", 8, "right"),
     Column("geomean", "geomean speedup", 15, "right"), Column("rest", "", 0),
 ]

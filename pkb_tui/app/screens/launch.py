@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 ALL = "all"
 WORLD_SIZES = (1, 2, 3, 4, 6, 8)
 SIZES = ("small", "default", "large")
-MARKED, UNMARKED = "[x] ", "[ ] "  # a box drawn in text: marked tasks differ by more than colour
+MARKED, UNMARKED = "☒ ", "☐ "  # a crossed and an empty box: marked tasks differ by shape, not colour alone
+OTHER_COLUMNS_WIDTH = 5 + 9 + 10 + 4 * 2  # ranks, last, family, and each column's padding
+MIN_TITLE_WIDTH = 20  # below this the title column is left out (the line under the list has it)
 DESCRIPTIONS = "?"  # a filter starting with this searches titles and sources too
 
 
@@ -69,7 +71,7 @@ class LaunchScreen(Screen):
         with Horizontal(id="launch-body"):
             with Vertical(id="tasks-pane"):
                 with Horizontal(id="task-filter-row"):
-                    yield Input(placeholder="/ filter ids, families (?text: titles too)", id="task-filter", compact=True)
+                    yield Input(placeholder="/ id or family (?…: titles too)", id="task-filter", compact=True)
                     yield Select([(ALL, ALL)], value=ALL, allow_blank=False, id="family", compact=True)
                 yield DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
                 yield Static("loading the tasks…", id="task-detail")
@@ -96,6 +98,7 @@ class LaunchScreen(Screen):
         yield KeyBar()
 
     def on_mount(self) -> None:
+        self._task_width = self._title_width = 0
         self._add_columns(20)
         self.query_one("#tasks", DataTable).focus()
         if self.pkb.catalog is not None:
@@ -103,15 +106,36 @@ class LaunchScreen(Screen):
         else:
             self._load_catalog()
 
-    def _add_columns(self, task_width: int) -> None:
-        # Fixed widths (a DataTable column never shrinks once a long id was seen). Family goes
-        # last: at 80 columns it is the one cut, and the line under the list shows it anyway.
+    def _fit_columns(self) -> bool:
+        """The task column as wide as the longest id, but never so wide that family is cut: on a
+        narrow terminal long ids end in an ellipsis (the line under the list names the task)."""
+        longest = len(MARKED) + max((len(t.id) for t in (self.catalog.tasks if self.catalog else [])), default=10)
+        # The region inside the scrollbar, when the list is long enough to have one.
+        available = self.query_one("#tasks", DataTable).scrollable_content_region.width - OTHER_COLUMNS_WIDTH
+        width = max(12, min(longest, available)) if available > 0 else longest
+        title_width = available - width - 2 if available - width - 2 >= MIN_TITLE_WIDTH else 0
+        if (width, title_width) == (self._task_width, self._title_width):
+            return False
+        self._task_width = width
+        self._add_columns(width, title_width)
+        return True
+
+    def on_resize(self) -> None:
+        if self.catalog is not None:
+            self.call_after_refresh(lambda: self._fit_columns() and self._refill_tasks())
+
+    def _add_columns(self, task_width: int, title_width: int = 0) -> None:
+        # Fixed widths (a DataTable column never shrinks once a long id was seen). A wide terminal
+        # also gets each task's title, in what is left after family.
         table = self.query_one("#tasks", DataTable)
         table.clear(columns=True)
-        table.add_column("    task", key="task", width=task_width)
+        table.add_column("  task", key="task", width=task_width)
         table.add_column("ranks", key="ranks", width=5)
         table.add_column("last", key="last", width=9)
         table.add_column("family", key="family", width=10)
+        self._title_width = title_width
+        if title_width:
+            table.add_column("title", key="title", width=title_width)
 
     def on_screen_resume(self) -> None:
         # The "last" column may have changed if a run finished meanwhile.
@@ -150,8 +174,9 @@ class LaunchScreen(Screen):
         if catalog.problem:
             self.notify(catalog.problem, title="Task catalogue", severity="warning", timeout=10)
         self.marked &= {t.id for t in catalog.tasks}  # a preset may name tasks that are gone
-        self._add_columns(min(28, len(MARKED) + max((len(t.id) for t in catalog.tasks), default=10)))
+        self._fit_columns()
         self._refill_tasks()
+        self.on_resize()  # again once the rows are in: a long list brings a scrollbar
 
     # ------------------------------------------------------------------ the tasks table
     def visible_tasks(self) -> list[TaskInfo]:
@@ -188,7 +213,7 @@ class LaunchScreen(Screen):
     def _task_cell(self, task_id: str) -> Text:
         text = (Text.assemble((MARKED, "bold magenta"), (task_id, "bold")) if task_id in self.marked
                 else Text.assemble((UNMARKED, "dim"), task_id))
-        text.truncate(28, overflow="ellipsis")
+        text.truncate(self._task_width or 30, overflow="ellipsis")
         return text
 
     def _row(self, task: TaskInfo, last: dict | None) -> tuple:
@@ -198,7 +223,10 @@ class LaunchScreen(Screen):
             status = last["status"]
             figure = fmt_speedup(last["speedup"]) if last["speedup"] is not None else status
             last_text = Text(f"{status_mark(status)} {figure}", style=STATUS_STYLES.get(status, ""))
-        return (self._task_cell(task.id), task.world_sizes_label, last_text, task.family)
+        row = (self._task_cell(task.id), task.world_sizes_label, last_text, task.family)
+        if self._title_width:
+            return (*row, Text(task.title, style="dim", no_wrap=True, overflow="ellipsis"))
+        return row
 
     def highlighted_task(self) -> str | None:
         table = self.query_one("#tasks", DataTable)

@@ -145,6 +145,19 @@ def trials_table(run: dict[str, Any]) -> Table | Text:
     return table
 
 
+def kernels_coverage(run: dict[str, Any]) -> str:
+    """What the kernel table's calls and totals cover: how many profiled calls, which rank."""
+    from collectors.profiler import PROFILE_CALLS
+
+    kernels = run.get("kernels") or []
+    if not kernels:
+        return ""
+    ranks = sorted({k["rank"] for k in kernels})
+    shown = "rank 0" if 0 in ranks else f"rank {ranks[0]}"
+    return (f"{shown} over {PROFILE_CALLS} profiled calls per variant (of {len(ranks)} rank(s) profiled; "
+            "`pkb-tui show` lists them all)")
+
+
 def kernels_table(run: dict[str, Any]) -> Table | Text:
     kernels = run.get("kernels") or []
     if not kernels:
@@ -277,7 +290,9 @@ class ResultScreen(Screen):
                 "No figures: the run ended before any variant was timed (the reason is above; the log has the rest).",
                 style="dim"))
         self.query_one("#result-trials", Static).update(Group(Text("Trials", style="bold underline"), trials_table(run)))
-        self.query_one("#result-kernels", Static).update(Group(Text("Top kernels", style="bold underline"), kernels_table(run)))
+        self.query_one("#result-kernels", Static).update(Group(
+            Text.assemble(("Top kernels", "bold underline"), (f"  {kernels_coverage(run)}", "dim")), kernels_table(run),
+        ))
         self._draw_chart()
 
     def _draw_chart(self) -> None:
