@@ -210,3 +210,18 @@ def test_show_lists_kernels_of_both_variants_on_every_rank(cli, tmp_db: Path) ->
     assert sum(line.startswith(("baseline", "candidate")) for line in every.splitlines()) == 2 * 2 * 12
     assert "more" not in every
     assert cli("show", str(run_id), "--kernels", "0").code == 2
+
+
+def test_modes_dtypes_and_statuses_have_one_source() -> None:
+    import tasks.base
+    from pkb_tui.app.format import STATUS_STYLES
+    from pkb_tui.cli import build_parser
+    from pkb_tui.engine.modes import DTYPES, MODE_CHOICES
+    from pkb_tui.store.schema import RUN_STATUSES
+    from pkb_tui.store.statuses import STATUS_MARKS, STATUSES
+
+    assert DTYPES == tuple(tasks.base.DTYPES)
+    assert RUN_STATUSES is STATUSES and set(STATUS_MARKS) == set(STATUSES) == set(STATUS_STYLES)
+    assert len(set(STATUS_MARKS.values())) == len(STATUSES)  # every status its own mark
+    run = next(a for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions if a.dest == "mode")
+    assert tuple(run.choices) == MODE_CHOICES

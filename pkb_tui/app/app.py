@@ -4,8 +4,8 @@ state while another is shown; Result, Compare, Help and the quit question are pu
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from textual import on

@@ -4,9 +4,10 @@ the clock, the task/model catalogue, live telemetry and the launcher."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pkb_tui.app.catalog import Catalog, load_catalog
 

@@ -52,7 +52,7 @@ class LiveState:
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def for_batch(cls, items: list[tuple[str, str]], *, world_size: int, mode: str | None, dtype: str,
-                  size: str, started_at: float) -> "LiveState":
+                  size: str, started_at: float) -> LiveState:
         return cls(
             runs=[RunLine(index, task, model) for index, (task, model) in enumerate(items)],
             world_size=world_size, mode=mode, dtype=dtype, size=size, started_at=started_at,

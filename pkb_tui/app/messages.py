@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual.message import Message
 
 from pkb_tui.engine.events import Event
+from pkb_tui.engine.request import RunRequest
 
 
 class EngineEvent(Message):
@@ -20,7 +21,7 @@ class EngineEvent(Message):
 class BatchBegan(Message):
     """The batch thread took a request off the queue and the launcher is starting its ranks."""
 
-    def __init__(self, items: list[tuple[str, str]], request: object) -> None:
+    def __init__(self, items: list[tuple[str, str]], request: RunRequest) -> None:
         super().__init__()
         self.items = items
         self.request = request

@@ -19,9 +19,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pkb_tui.engine import events as ev
 from pkb_tui.engine.logs import RANKS_DID_NOT_START, launch_failure_detail
@@ -68,7 +69,7 @@ class Launcher:
     def __init__(self, db_path: Path | str | None = None, *, runs_dir: Path | str | None = None) -> None:
         self.db_path = Path(db_path) if db_path is not None else default_db_path()
         self.runs_dir = Path(runs_dir) if runs_dir is not None else self.db_path.resolve().parent / "pkb-runs"
-        self.telemetry = None  # a collectors.telemetry.Telemetry while a batch runs
+        self.telemetry: Any = None  # a collectors.telemetry.Telemetry while a batch runs
         self.skipped: list[str] = []
         self._proc: subprocess.Popen | None = None
 
@@ -177,7 +178,7 @@ class Launcher:
         states: dict[int, _RunState] = {}
         for item in items:
             task = load_task(item.task)
-            baseline_file = Path(task.module.__file__)
+            baseline_file = Path(str(task.module.__file__))
             baseline_hash = store.add_source(str(baseline_file.relative_to(PROJECT_ROOT)) if baseline_file.is_relative_to(PROJECT_ROOT) else str(baseline_file), baseline_file.read_text())
             candidate_hash = baseline_hash
             if item.solution_path:

@@ -78,7 +78,7 @@ def apply_retention(
     raw rows' ts (inside its second); averages skip NULLs, and a column that was NULL stays NULL.
     """
     own = not isinstance(conn_or_path, sqlite3.Connection)
-    conn = open_sample_writer(conn_or_path) if own else conn_or_path
+    conn: sqlite3.Connection = conn_or_path if isinstance(conn_or_path, sqlite3.Connection) else open_sample_writer(conn_or_path)
     cutoff = math.floor((time.time() if now is None else now) - raw_keep_s)
     averages = ", ".join(f"AVG({c})" for c in SAMPLE_COLUMNS)
     window = "resolution = 'raw' AND ts >= ? AND ts < ?"

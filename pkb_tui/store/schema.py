@@ -12,6 +12,7 @@ has shipped. Store.open applies the missing ones in one transaction each.
 from __future__ import annotations
 
 from pkb_tui.store.statuses import STATUSES as RUN_STATUSES  # noqa: F401  (the one list: statuses.py)
+
 VARIANTS = ("baseline", "candidate")
 
 _V1 = [

@@ -248,7 +248,7 @@ class Store:
                 f"INSERT INTO hosts (fingerprint, {cols}, first_seen_at, last_seen_at) VALUES (?, {marks}, ?, ?)",
                 (fingerprint, *fields.values(), now, now),
             )
-            return int(cur.lastrowid)
+            return int(cur.lastrowid or 0)  # an INSERT always sets it
 
     def add_source(self, path: str, text: str) -> str:
         digest = hashlib.sha256(text.encode()).hexdigest()
@@ -344,7 +344,7 @@ class Store:
         marks = ", ".join("?" for _ in fields)
         with self.transaction() as conn:
             cur = conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(fields.values()))
-            return int(cur.lastrowid)
+            return int(cur.lastrowid or 0)  # an INSERT always sets it
 
     # ----------------------------------------------------------------- reads
     def runs(

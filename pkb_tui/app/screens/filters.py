@@ -43,7 +43,7 @@ class RunFilters:
         return (f"task {self.task or ANY} · model {self.model or ANY} · "
                 f"status {f'{status_mark(self.status)} {self.status}' if self.status else ANY} · {period} · host {host}")
 
-    def with_(self, **changes: Any) -> "RunFilters":
+    def with_(self, **changes: Any) -> RunFilters:
         return replace(self, **changes)
 
 

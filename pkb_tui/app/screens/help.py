@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -34,7 +36,7 @@ def key_table() -> Table:
     from pkb_tui.app.screens.monitor import MonitorScreen
     from pkb_tui.app.screens.result import ResultScreen
 
-    sections: list[tuple[str, type]] = [("Everywhere", PkbApp), ("Launch", LaunchScreen), ("Live", LiveScreen), ("History", HistoryScreen),
+    sections: list[tuple[str, Any]] = [("Everywhere", PkbApp), ("Launch", LaunchScreen), ("Live", LiveScreen), ("History", HistoryScreen),
                 ("History filters", FilterScreen), ("Result", ResultScreen), ("Compare", CompareScreen), ("Monitor", MonitorScreen)]
     extra = {
         "Launch": [("tab", "next field (filter, family, tasks, models, options)"),

@@ -12,11 +12,16 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Label, Static
 
-from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import (
-    STATUS_STYLES, fmt_speedup, fmt_time, fmt_us, status_label, status_mark,
+    STATUS_STYLES,
+    fmt_speedup,
+    fmt_time,
+    fmt_us,
+    status_label,
+    status_mark,
 )
 from pkb_tui.app.screens.filters import FilterScreen, RunFilters
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.widgets.nav import NavBar
 from pkb_tui.app.widgets.row_list import Column, RowList
 from pkb_tui.errors import PkbError
@@ -53,7 +58,7 @@ BOARD_COLUMNS = [
 
 def leaderboard_rows(board: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """The leaderboard as the table shows it: counts out of the tasks each model ran."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for entry in board:
         tasks = entry["tasks"]
         geomean = entry["geomean_speedup"]
@@ -91,7 +96,7 @@ class HistoryScreen(Screen):
         self._board_stale = True
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:
@@ -281,7 +286,8 @@ class HistoryScreen(Screen):
         """Delete the marked runs, else the highlighted one, after asking."""
         from pkb_tui.app.screens.confirm import ConfirmScreen
 
-        ids = list(self.marked) or ([self.highlighted()] if self.highlighted() is not None else [])
+        current = self.highlighted()
+        ids = list(self.marked) or ([current] if current is not None else [])
         if not ids:
             return
         names = ", ".join(f"#{i}" for i in ids)
@@ -290,7 +296,7 @@ class HistoryScreen(Screen):
             if not yes:
                 return
             try:
-                self.pkb.delete_runs([int(i) for i in ids if i is not None])
+                self.pkb.delete_runs(ids)
             except PkbError as exc:
                 self.notify(str(exc), title="Cannot delete", severity="error", timeout=10)
                 return

@@ -16,6 +16,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.coordinate import Coordinate
 from textual.screen import Screen
 from textual.widgets import Checkbox, DataTable, Input, Label, Select, SelectionList, Static
 
@@ -59,7 +60,7 @@ class LaunchScreen(Screen):
         self._data_version: int | None = None
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:
@@ -122,7 +123,11 @@ class LaunchScreen(Screen):
 
     def on_resize(self) -> None:
         if self.catalog is not None:
-            self.call_after_refresh(lambda: self._fit_columns() and self._refill_tasks())
+            self.call_after_refresh(self._refit)
+
+    def _refit(self) -> None:
+        if self._fit_columns():
+            self._refill_tasks()
 
     def _add_columns(self, task_width: int, title_width: int = 0) -> None:
         # Fixed widths (a DataTable column never shrinks once a long id was seen). A wide terminal
@@ -200,7 +205,7 @@ class LaunchScreen(Screen):
         table = self.query_one("#tasks", DataTable)
         keep = None
         if table.row_count and table.cursor_row is not None and table.cursor_row < table.row_count:
-            keep = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+            keep = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
         latest = self.pkb.store.latest_run_per_task()
         table.clear()
         for task in self.visible_tasks():
@@ -232,7 +237,7 @@ class LaunchScreen(Screen):
         table = self.query_one("#tasks", DataTable)
         if not table.row_count:
             return None
-        return table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+        return table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
 
     @on(DataTable.RowHighlighted, "#tasks")
     def _highlighted(self) -> None:
@@ -347,7 +352,7 @@ class LaunchScreen(Screen):
         mode = self.query_one("#mode", Select).value
         request = RunRequest(
             tasks=tasks, models=models,
-            world_size=int(self.query_one("#world-size", Select).value),
+            world_size=int(cast(int, self.query_one("#world-size", Select).value)),
             mode=None if mode == "auto" else str(mode),
             dtype=str(self.query_one("#dtype", Select).value),
             size=str(self.query_one("#size", Select).value),

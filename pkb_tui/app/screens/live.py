@@ -11,12 +11,13 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.coordinate import Coordinate
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Label, Static
 
-from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import STATUS_STYLES, fmt_duration, fmt_fraction, fmt_us, status_mark, truncate
 from pkb_tui.app.live_state import LiveState
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.widgets.log_tail import LogTail
 from pkb_tui.app.widgets.nav import NavBar
 from pkb_tui.app.widgets.telemetry import TelemetryPanel
@@ -46,7 +47,7 @@ class LiveScreen(Screen):
         self._log_paths: dict[int, str | None] = {}
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:
@@ -118,7 +119,7 @@ class LiveScreen(Screen):
             first.append(f" · {line.model}")
             if line.run_id is not None:
                 first.append(f"  run #{line.run_id}", style="dim")
-            first.append(f"  ({state.current_item + 1}/{len(state.runs)})", style="dim")
+            first.append(f"  ({(state.current_item or 0) + 1}/{len(state.runs)})", style="dim")
         elif state.running:
             first.append("▶ starting the ranks…", style="bold")
         else:
@@ -189,7 +190,11 @@ class LiveScreen(Screen):
         return True
 
     def on_resize(self) -> None:
-        self.call_after_refresh(lambda: self._fit_kernel_columns() and self._draw_kernels(self.pkb.batch.state))
+        def refit() -> None:
+            if self._fit_kernel_columns():
+                self._draw_kernels(self.pkb.batch.state)
+
+        self.call_after_refresh(refit)
 
     def _draw_kernels(self, state: LiveState) -> None:
         table = self.query_one("#live-kernels", DataTable)
@@ -250,7 +255,7 @@ class LiveScreen(Screen):
         state = self.pkb.batch.state
         line = None
         if table.row_count:
-            item = int(table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value)
+            item = int(table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value or -1)
             line = state.line_for(item, None)
         if line is None or line.run_id is None:
             self.notify("That run has not started yet.", severity="warning")

@@ -16,12 +16,23 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Static
 
-from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import (
-    NA, STATUS_STYLES, bar, correct_mark, fmt_bytes, fmt_error, fmt_fraction, fmt_gbps, fmt_speedup, fmt_time,
-    fmt_us, speedup_gauge, status_label,
+    NA,
+    STATUS_STYLES,
+    bar,
+    correct_mark,
+    fmt_bytes,
+    fmt_error,
+    fmt_fraction,
+    fmt_gbps,
+    fmt_speedup,
+    fmt_time,
+    fmt_us,
+    speedup_gauge,
+    status_label,
 )
 from pkb_tui.app.widgets.chart import PlotextChart
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.errors import PkbError
 
 if TYPE_CHECKING:
@@ -110,7 +121,7 @@ def comparison_table(run: dict[str, Any]) -> Table:
     table.add_column("", style="bold", no_wrap=True, width=10)
     for variant in VARIANTS:
         table.add_column(variant, ratio=1, overflow="fold")
-    rows: list[tuple[str, Any, Any]] = []
+    rows: list[tuple[Any, ...]] = []  # (label, baseline cell, candidate cell)
     cells = {v: results.get(v) for v in VARIANTS}
     rows.append(("correct", *(correctness_cell(cells[v]) for v in VARIANTS)))
     rows.append(("median", *(Text(fmt_us((cells[v] or {}).get("median_us")), style="bold") for v in VARIANTS)))
@@ -248,7 +259,7 @@ class ResultScreen(Screen):
         self.chart_kind = "timing"
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:

@@ -7,7 +7,6 @@ from rich.text import Text
 from textual.events import Click
 from textual.widget import Widget
 
-
 PINNED_ACTIONS = ("app.help", "app.quit", "help", "quit")
 
 

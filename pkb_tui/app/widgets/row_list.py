@@ -55,24 +55,24 @@ class RowList(ScrollView, can_focus=True):
     cursor: reactive[int] = reactive(0, always_update=True)
 
     class Highlighted(Message):
-        def __init__(self, row_list: "RowList", index: int) -> None:
+        def __init__(self, row_list: RowList, index: int) -> None:
             super().__init__()
             self.row_list, self.index = row_list, index
 
         @property
-        def control(self) -> "RowList":
+        def control(self) -> RowList:
             return self.row_list
 
     class Selected(Highlighted):
         pass
 
     class HeaderClicked(Message):
-        def __init__(self, row_list: "RowList", column: str) -> None:
+        def __init__(self, row_list: RowList, column: str) -> None:
             super().__init__()
             self.row_list, self.column = row_list, column
 
         @property
-        def control(self) -> "RowList":
+        def control(self) -> RowList:
             return self.row_list
 
     def __init__(self, columns: list[Column], *, id: str | None = None) -> None:
@@ -200,7 +200,7 @@ class RowList(ScrollView, can_focus=True):
                 segments.append(Segment("".join(plain), style))
                 plain.clear()
 
-        for column, cell_width, cell in zip(self.columns, self._widths(width), cells):
+        for column, cell_width, cell in zip(self.columns, self._widths(width), cells, strict=False):
             right = column.justify == "right"
             if isinstance(cell, Text):
                 text = cell
