@@ -302,7 +302,8 @@ class ResultScreen(Screen):
                 style="dim"))
         self.query_one("#result-trials", Static).update(Group(Text("Trials", style="bold underline"), trials_table(run)))
         self.query_one("#result-kernels", Static).update(Group(
-            Text.assemble(("Top kernels", "bold underline"), (f"  {kernels_coverage(run)}", "dim")), kernels_table(run),
+            Text.assemble(("Top kernels", "bold underline"), *([(f"  {cover}", "dim")] if (cover := kernels_coverage(run)) else [])),
+            kernels_table(run),
         ))
         self._draw_chart()
 
