@@ -225,3 +225,23 @@ def test_modes_dtypes_and_statuses_have_one_source() -> None:
     assert len(set(STATUS_MARKS.values())) == len(STATUSES)  # every status its own mark
     run = next(a for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions if a.dest == "mode")
     assert tuple(run.choices) == MODE_CHOICES
+
+
+def test_monitor_records_only_when_asked_as_the_dashboard(cli, tmp_db: Path, capsys) -> None:
+    import sqlite3
+
+    from pkb_tui.cli import build_parser
+
+    monitor = build_parser()._subparsers._group_actions[0].choices["monitor"]
+    assert "not recorded, as the dashboard's Monitor" in " ".join(monitor.format_help().split())
+
+    def samples() -> int:
+        if not tmp_db.exists():
+            return 0
+        with sqlite3.connect(tmp_db) as conn:
+            return conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+
+    assert cli("monitor", "--duration", "0.6", "--interval", "0.1", "--json").code == 0
+    assert samples() == 0
+    assert cli("monitor", "--duration", "0.6", "--interval", "0.1", "--json", "--record").code == 0
+    assert samples() > 0
