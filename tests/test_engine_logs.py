@@ -115,3 +115,16 @@ def test_a_rank_that_dies_mid_run_shows_what_it_said_and_is_the_candidates_failu
     first = detail.splitlines()[0]
     assert "rank 1 failed (exit code 7): CUDA error: an illegal memory access was encountered" in first
     assert "ChildFailedError" not in detail
+
+
+def test_the_timeout_bounds_wall_time_including_the_ranks_start_up(tmp_path: Path) -> None:
+    # One second cannot cover starting two Python processes that import torch: the run ends at
+    # its timeout, counted from the launch, not from when the ranks were ready.
+    db = tmp_path / "runs.db"
+    result = _cli("--db", str(db), "run", "--task", "all_reduce", "--model", "baseline", "--mode", "cpu",
+                  "--timeout", "1", *FAST)
+    assert result.returncode == 3, result.stderr
+    with Store(db) as store:
+        run = store.run(1)
+    assert run["status"] == "error"
+    assert run["status_detail"].startswith(f"{RANKS_DID_NOT_START}: the ranks' start-up took longer than its timeout (1 s)")
