@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 from textual.widgets import DataTable, Input, Select
@@ -377,8 +377,9 @@ def test_help_lists_every_key_of_every_screen(seeded):
         await pilot.press("question_mark")
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
-        from pkb_tui.app.screens.help import key_table
         from rich.console import Console
+
+        from pkb_tui.app.screens.help import key_table
 
         console = Console(width=100, record=True, file=open("/dev/null", "w"))
         console.print(key_table())
@@ -600,3 +601,19 @@ def test_help_sizes_its_key_column_to_the_widest_key(seeded):
     keys = [cell for cell in table.columns[0]._cells if isinstance(cell, str)]  # titles are Text
     assert "↑ ↓ pgup pgdn" in keys and "esc, backspace" in keys
     assert table.columns[0].width == max(len(key) for key in keys)
+
+
+def test_ticked_and_unticked_boxes_differ_by_more_than_colour(seeded):
+    app = PkbApp(config=app_config(seeded[0], defaults={"models": ["torch-p2p"]}))
+
+    async def body(pilot):
+        text = screen_text(app)
+        assert "▐X▌ torch-p2p" in text and "▐ ▌ baseline" in text
+        assert "▐X▌ timing" in text and "▐ ▌ oversubscribe" in text
+        await pilot.press("o")  # options: tab to the oversubscribe box and tick it
+        app.screen.query_one("#oversubscribe").value = True
+        await pilot.pause()
+        assert "▐X▌ oversubscribe" in screen_text(app)
+        assert app.screen.request().oversubscribe
+
+    drive(app, body)

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-KEYS = ("world_size", "mode", "dtype", "size", "trials", "timing", "models", "marked")
+KEYS = ("world_size", "mode", "dtype", "size", "trials", "timing", "oversubscribe", "models", "marked")
 
 
 def preset_path(db_path: Path | str) -> Path:

@@ -71,5 +71,5 @@ def check_world_size(world_size: int, mode: str, *, oversubscribe: bool = False,
     if world_size > capacity and not oversubscribe:
         raise PkbError(
             f"World size {world_size} is more than {mode} mode holds here ({capacity}): {why}; "
-            f"lower --world-size, or pass --oversubscribe to run it anyway."
+            f"lower --world-size, or pass --oversubscribe (the dashboard's oversubscribe box) to run it anyway."
         )

@@ -25,6 +25,7 @@ from pkb_tui.app.catalog import Catalog, TaskInfo
 from pkb_tui.app.format import STATUS_STYLES, fmt_speedup, status_mark, truncate
 from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.widgets.nav import NavBar
+from pkb_tui.app.widgets.toggles import TickBox, TickList
 from pkb_tui.engine.modes import DTYPES, MODE_CHOICES
 from pkb_tui.engine.request import RunRequest
 
@@ -78,7 +79,7 @@ class LaunchScreen(Screen):
                 yield Static("loading the tasks…", id="task-detail")
             with Vertical(id="side-pane"):
                 yield Label("Models [dim](space marks)[/]", classes="pane-title")
-                yield SelectionList[str](id="models", compact=True)
+                yield TickList(id="models", compact=True)
                 yield Label("Options", classes="pane-title")
                 yield _option("world size", Select(
                     [(str(n), n) for n in WORLD_SIZES], value=defaults.get("world_size", 2), allow_blank=False,
@@ -94,7 +95,9 @@ class LaunchScreen(Screen):
                     id="size", compact=True))
                 yield _option("trials", Input(
                     str(defaults.get("trials", 3)), type="integer", id="trials", compact=True))
-                yield Checkbox("timing", value=defaults.get("timing", True), id="timing", compact=True)
+                yield TickBox("timing", value=defaults.get("timing", True), id="timing", compact=True)
+                yield TickBox("oversubscribe", value=defaults.get("oversubscribe", False), id="oversubscribe",
+                               compact=True, tooltip="more ranks than this box's CPU cores / GPUs")
                 yield Static("", id="launch-summary")
         yield KeyBar()
 
@@ -358,8 +361,9 @@ class LaunchScreen(Screen):
             size=str(self.query_one("#size", Select).value),
             trials=trials,
             timing=self.query_one("#timing", Checkbox).value,
+            oversubscribe=self.query_one("#oversubscribe", Checkbox).value,
         )
-        for key in ("timeout_s", "iterations", "warmup", "profile", "oversubscribe"):
+        for key in ("timeout_s", "iterations", "warmup", "profile"):
             if key in self.pkb.config.defaults:
                 setattr(request, key, self.pkb.config.defaults[key])
         return request
@@ -374,6 +378,7 @@ class LaunchScreen(Screen):
         preset.save(self.pkb.config.db_path, {
             "world_size": request.world_size, "mode": request.mode or "auto", "dtype": request.dtype,
             "size": request.size, "trials": request.trials, "timing": request.timing,
+            "oversubscribe": request.oversubscribe,
             "models": list(request.models), "marked": sorted(self.marked),
         })
 
