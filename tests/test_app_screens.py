@@ -617,3 +617,18 @@ def test_ticked_and_unticked_boxes_differ_by_more_than_colour(seeded):
         assert app.screen.request().oversubscribe
 
     drive(app, body)
+
+
+def test_a_database_damaged_past_its_header_closes_the_app_with_one_sentence(tmp_path):
+    from tests.test_store import _damaged_database
+
+    db = _damaged_database(tmp_path)
+    app = PkbApp(config=app_config(db))
+
+    async def main() -> None:
+        # Launch's "last" column reads the damaged pages as the app opens (before a pilot could
+        # take over): the app must close by itself.
+        await asyncio.wait_for(app.run_async(headless=True, size=(80, 24)), timeout=120)
+
+    asyncio.run(main())
+    assert app.return_code == 3 and app._exception is None  # closed with the sentence, no traceback

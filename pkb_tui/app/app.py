@@ -302,5 +302,14 @@ class PkbApp(App[int]):
             answered,
         )
 
+    def _handle_exception(self, error: Exception) -> None:
+        # An error the user can act on (a database damaged past its header shows only when a
+        # screen reads a damaged page) closes the app with its one sentence, not a traceback.
+        if isinstance(error, PkbError):
+            log.error("closing on: %s", error)
+            self.exit(return_code=error.exit_code, message=f"pkb-tui: {error}")
+            return
+        super()._handle_exception(error)
+
     def on_unmount(self) -> None:
         self.store.close()
