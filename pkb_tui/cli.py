@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pkb-tui", description="Evaluate multi-GPU communication kernels.")
     parser.add_argument("--db", help="database file (default ./runs.db or $PKB_DB)")
     parser.add_argument("--verbose", "-v", action="store_true", help="show tracebacks of errors")
+    parser.add_argument("--prometheus", metavar="[HOST:]PORT",
+                        help="the dashboard serves the live metrics for Prometheus at HOST:PORT/metrics while it runs")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     run = sub.add_parser("run", help="run tasks against solution sets")
@@ -75,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes")
     monitor.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     monitor.add_argument("--no-record", action="store_true", help="do not write samples to the database")
+    monitor.add_argument("--prometheus", metavar="[HOST:]PORT",
+                         help="also serve the metrics for Prometheus (dcgm-exporter names) at HOST:PORT/metrics; "
+                              "HOST defaults to 127.0.0.1 (0.0.0.0 lets other machines scrape)")
     monitor.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
 
     calibrate = sub.add_parser("calibrate", help="measure this host's memory, peer and NCCL bandwidths")
@@ -95,7 +100,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             from pkb_tui.app import run_app
             from pkb_tui.store import default_db_path
 
-            return run_app(db or default_db_path())
+            return run_app(db or default_db_path(), prometheus=args.prometheus)
         handler = COMMANDS[args.command]
         return handler(args, db, out)
     except PkbError as exc:
@@ -351,7 +356,8 @@ def cmd_monitor(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from collectors.monitor import monitor_command
     from pkb_tui.store import default_db_path
 
-    return monitor_command(str(db or default_db_path()), args.duration, args.interval, args.json, not args.no_record, out=out)
+    return monitor_command(str(db or default_db_path()), args.duration, args.interval, args.json, not args.no_record, out=out,
+                           prometheus=args.prometheus)
 
 
 def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:

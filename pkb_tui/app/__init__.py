@@ -12,8 +12,9 @@ if TYPE_CHECKING:
     from pkb_tui.app.config import AppConfig
 
 
-def run_app(db_path: Path) -> int:
-    """Open the dashboard on db_path (created if missing). Returns the process exit code."""
+def run_app(db_path: Path, *, prometheus: str | None = None) -> int:
+    """Open the dashboard on db_path (created if missing); ``prometheus``: serve the live metrics at
+    [HOST:]PORT while it runs. Returns the process exit code."""
     from pkb_tui.errors import PkbError
 
     try:
@@ -23,7 +24,9 @@ def run_app(db_path: Path) -> int:
               f"or use the headless commands (pkb-tui run / runs / show).", file=sys.stderr)
         return 3
     try:
-        app = PkbApp(Path(db_path))
+        from pkb_tui.app.config import AppConfig
+
+        app = PkbApp(config=AppConfig(db_path=Path(db_path), prometheus=prometheus))
     except PkbError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code

@@ -38,3 +38,4 @@ class AppConfig:
     chart_refresh_s: float = 0.5  # plotext panels at 2 Hz at most
     history_page: int = 100  # runs loaded at a time in History (more as the cursor nears the end)
     defaults: dict[str, Any] = field(default_factory=dict)  # launch options preset (world_size, mode, ...)
+    prometheus: str | None = None  # [HOST:]PORT: serve the live metrics (collectors.prometheus) while the app runs

@@ -119,9 +119,12 @@ class MonitorScreen(Screen):
             self.problem = f"telemetry unavailable: {exc}"
             return
         self.telemetry, self.problem = telemetry, None
+        self.pkb.monitor_telemetry = telemetry  # the app's Prometheus exporter serves it too
 
     def _stop(self) -> None:
         telemetry, self.telemetry = self.telemetry, None
+        if getattr(self.pkb, "monitor_telemetry", None) is telemetry:
+            self.pkb.monitor_telemetry = None
         if telemetry is not None:
             try:
                 telemetry.stop()
