@@ -8,8 +8,8 @@ import io
 import json
 import threading
 import time
+import urllib.request
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,9 +20,10 @@ from tests.monitor_fixtures import TRACE_8X18, replayed
 
 def scrape(url: str) -> dict[str, list]:
     """name -> samples, from a real GET of the endpoint."""
-    response = httpx.get(url, timeout=10)
-    assert response.status_code == 200
-    families = text_string_to_metric_families(response.text)
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    families = text_string_to_metric_families(text)
     return {family.name: family.samples for family in families}
 
 
