@@ -42,6 +42,7 @@ class ReplayedTelemetry(Telemetry):
 
     def advance(self, ticks: int) -> None:
         for _ in range(ticks):
+            self._host_sampled_at = -float("inf")  # the host row every tick, not by the wall clock
             for sample in self.sample_once():
                 sample.ts = FIXED_NOW + self.tick * TICK_S
             self.tick += 1
