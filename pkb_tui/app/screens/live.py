@@ -16,9 +16,17 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Label, Static
 
-from pkb_tui.app.widgets.keybar import KeyBar
-from pkb_tui.app.format import STATUS_STYLES, bar, fmt_duration, fmt_fraction, fmt_us, status_mark, truncate
+from pkb_tui.app.format import (
+    STATUS_STYLES,
+    bar,
+    fmt_duration,
+    fmt_fraction,
+    fmt_us,
+    status_mark,
+    truncate,
+)
 from pkb_tui.app.live_state import LiveState
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.widgets.log_tail import LogTail
 from pkb_tui.app.widgets.monitor_views import LinesView
 from pkb_tui.app.widgets.nav import NavBar
