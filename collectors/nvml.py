@@ -701,9 +701,15 @@ class NvLinkTopology:
     gpus: list[int]
     links: list[NvLinkLink] = field(default_factory=list)
     reason: str | None = None
+    _by_gpu: dict[int, list[NvLinkLink]] | None = field(default=None, repr=False, compare=False)
 
     def links_of(self, gpu: int) -> list[NvLinkLink]:
-        return [ln for ln in self.links if ln.gpu == gpu]
+        # Asked several times per GPU per frame by the Monitor: grouped once (links are set at read).
+        if self._by_gpu is None or sum(len(v) for v in self._by_gpu.values()) != len(self.links):
+            self._by_gpu = {}
+            for ln in self.links:
+                self._by_gpu.setdefault(ln.gpu, []).append(ln)
+        return self._by_gpu.get(gpu, [])
 
     def direct_links(self, a: int, b: int) -> int:
         """Links from GPU a that reach GPU b directly."""

@@ -34,8 +34,9 @@ class FixedHost:
 class ReplayedTelemetry(Telemetry):
     """Samples only when told (advance), never from a thread: what a frame shows is fixed."""
 
-    def __init__(self, trace: Path, db_path: Path | None = None, *, ranks: int = 8) -> None:
+    def __init__(self, trace: Path, db_path: Path | None = None, *, ranks: int = 8, start_ts: float = FIXED_NOW) -> None:
         self.replay = ReplayNvml.from_file(trace)
+        self.start_ts = start_ts
         super().__init__(db_path, interval_s=TICK_S, record=False, nvml=self.replay, clock=self.replay.clock)
         self.host = FixedHost(ranks)  # type: ignore[assignment]
         self.tick = 0
@@ -44,7 +45,7 @@ class ReplayedTelemetry(Telemetry):
         for _ in range(ticks):
             self._host_sampled_at = -float("inf")  # the host row every tick, not by the wall clock
             for sample in self.sample_once():
-                sample.ts = FIXED_NOW + self.tick * TICK_S
+                sample.ts = self.start_ts + self.tick * TICK_S
             self.tick += 1
             self.replay.step()
 
@@ -52,7 +53,11 @@ class ReplayedTelemetry(Telemetry):
         return self
 
 
-def replayed(trace: Path = TRACE_8X18, ticks: int = 40, db_path: Path | None = None, *, ranks: int = 8) -> ReplayedTelemetry:
-    telemetry = ReplayedTelemetry(trace, db_path, ranks=ranks)
+def replayed(
+    trace: Path = TRACE_8X18, ticks: int = 40, db_path: Path | None = None, *, ranks: int = 8, start_ts: float = FIXED_NOW,
+) -> ReplayedTelemetry:
+    """``start_ts``: the first sample's time (recorded samples older than an hour are folded into
+    per-second averages by the sink's retention: a recording test stamps them now)."""
+    telemetry = ReplayedTelemetry(trace, db_path, ranks=ranks, start_ts=start_ts)
     telemetry.advance(ticks)
     return telemetry

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 
 import pytest
 
@@ -134,7 +135,8 @@ def test_processes_show_the_ranks_of_a_run(db):
 
 
 def test_the_record_key_writes_what_is_shown_into_runs_db(db):
-    telemetry = replayed(TRACE_8X18, ticks=5, db_path=db)
+    start = time.time()
+    telemetry = replayed(TRACE_8X18, ticks=5, db_path=db, start_ts=start)
     app = monitor_app(db, telemetry)
 
     async def body(pilot):
@@ -153,7 +155,7 @@ def test_the_record_key_writes_what_is_shown_into_runs_db(db):
     rows = conn.execute("SELECT COUNT(*), MIN(ts), MAX(ts) FROM samples WHERE gpu >= 0").fetchone()
     links = conn.execute("SELECT COUNT(*) FROM link_samples").fetchone()[0]
     assert rows[0] == 4 * 8 and links == 4 * (8 * 18 - 2)
-    assert rows[1] == pytest.approx(FIXED_NOW + 5 * 0.25) and rows[2] == pytest.approx(FIXED_NOW + 8 * 0.25)
+    assert rows[1] == pytest.approx(start + 5 * 0.25) and rows[2] == pytest.approx(start + 8 * 0.25)
 
 
 def test_the_ten_minute_window_reads_older_samples_from_the_database(db):
@@ -173,8 +175,10 @@ def test_the_ten_minute_window_reads_older_samples_from_the_database(db):
             await pilot.pause(0.3)
         screen = app.screen
         assert "window 10 min" in screen_text(app)
-        values = screen.history.series(0, "nvlink_tx_bytes_per_s", FIXED_NOW + 39 * 0.25, 60)
-        assert values[29] == pytest.approx(400e9)  # 5 minutes ago, from runs.db
+        history, now = screen.history, FIXED_NOW + 39 * 0.25
+        values = history.series(0, "nvlink_tx_bytes_per_s", now)  # one value per graph column
+        five_minutes_ago = history.bucket_of(FIXED_NOW - 270) - (history.bucket_of(now) - history.buckets + 1)
+        assert values[five_minutes_ago] == pytest.approx(400e9)  # from runs.db
         assert values[0] is None  # 10 minutes ago: nothing recorded, a gap (not 0)
         assert values[-1] is not None and values[-1] < 400e9  # now, from the ring
         await pilot.press("w")

@@ -29,6 +29,7 @@ from pkb_tui.app.widgets.monitor_views import (
     LinesView,
     MonitorModel,
     gpu_panel_lines,
+    graph_columns,
     na_notes,
     nvlink_lines,
     panel_layout,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
 
 PROCESS_REFRESH_TICKS = 8  # every 2 s at 4 Hz: NVML's process list and /proc cost ~1 ms per GPU
-HISTORY_BUCKETS = 240  # graph columns at most; a panel shows the newest that fit
+HISTORY_BUCKETS = 60  # until the first layout says how wide a panel's graphs are
 
 
 class MonitorScreen(Screen):
@@ -63,6 +64,7 @@ class MonitorScreen(Screen):
         self.problem: str | None = None
         self.paused = False
         self.window_index = 0
+        self.graph_width = HISTORY_BUCKETS  # one history bucket per graph column: a frame only looks up
         self.history = RateHistory(WINDOWS_S[0], HISTORY_BUCKETS)
         self._fed_ts: float | None = None
         self._fed_source: Any = None
@@ -180,6 +182,13 @@ class MonitorScreen(Screen):
         elif source is not None and self._ticks % PROCESS_REFRESH_TICKS == 0:
             self._read_facts(source, False)
         self._ticks += 1
+        width = self._body_width()
+        gpus = len([g for g in (ring.latest_per_gpu() if ring is not None else {}) if g >= 0])
+        graph_width = graph_columns(gpus, width) if gpus else self.graph_width
+        if graph_width != self.graph_width:  # a new layout: the history is re-bucketed from the ring
+            self.graph_width = graph_width
+            self._reset_history()
+            self._fed_source = None
         if ring is not None:
             self._feed(source, ring)
         latest = ring.latest_per_gpu() if ring is not None else {}
@@ -217,7 +226,7 @@ class MonitorScreen(Screen):
         return ring.snapshot(since_ts=since)
 
     def _reset_history(self) -> None:
-        self.history = RateHistory(WINDOWS_S[self.window_index], HISTORY_BUCKETS)
+        self.history = RateHistory(WINDOWS_S[self.window_index], self.graph_width)
         self._fed_ts = None
 
     def _draw_head(self, source: Any, model: MonitorModel) -> None:
@@ -251,9 +260,13 @@ class MonitorScreen(Screen):
         self.query_one("#monitor-notes", Static).update(Text("\n".join(notes), style="dim", no_wrap=True, overflow="ellipsis"))
         self.query_one("#monitor-notes", Static).display = bool(notes)
 
+    def _body_width(self) -> int:
+        body = self.query_one("#monitor-body", VerticalScroll)
+        return max(40, body.size.width - 1 if body.size.width else self.size.width - 2)
+
     def _draw_body(self, source: Any, model: MonitorModel) -> None:
         body = self.query_one("#monitor-body", VerticalScroll)
-        width = max(40, body.size.width - 1 or self.size.width - 1)
+        width = self._body_width()
         height = max(10, body.size.height or self.size.height - 4)
         gpus = model.gpus
         has_links = any(model.latest[g].links for g in gpus)

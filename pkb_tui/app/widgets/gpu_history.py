@@ -69,7 +69,11 @@ class RateHistory:
         first = self.bucket_of(now) - self.buckets + 1
         slots = self._sums.get((gpu, column), {})
         out: list[float | None] = []
-        for column_index in range(width):
+        if width == self.buckets:  # one bucket per column (the Monitor sizes it so): lookups only
+            for bucket in range(first, first + width):
+                slot = slots.get(bucket)
+                out.append(slot[0] / slot[1] if slot else None)
+        for column_index in range(width if width != self.buckets else 0):
             start = first + column_index * self.buckets // width
             end = first + (column_index + 1) * self.buckets // width
             total = count = 0.0

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
@@ -52,6 +54,70 @@ class MonitorModel:
         return rank
 
 
+class SegLine:
+    """A line of (text, style) runs, for the views redrawn every frame: appending is a list append
+    and drawing turns each run into one Segment with a cached style, where rich's Text keeps spans
+    and re-resolves them on every render (most of a frame's cost with 8 GPUs x 18 links). Only
+    single-cell characters are used in these views, so cells = characters."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, text: str = "", style: str = "") -> None:
+        self.parts: list[tuple[str, str]] = [(text, style)] if text else []
+
+    def append(self, text: str, style: str = "") -> "SegLine":
+        if text:
+            self.parts.append((text, style))
+        return self
+
+    def append_text(self, other: "SegLine | Text") -> "SegLine":
+        if isinstance(other, Text):
+            self.parts.append((other.plain, str(other.style or "")))
+        else:
+            self.parts.extend(other.parts)
+        return self
+
+    @property
+    def plain(self) -> str:
+        return "".join(text for text, _ in self.parts)
+
+    @property
+    def cell_len(self) -> int:
+        return sum(len(text) for text, _ in self.parts)
+
+    def fit(self, width: int) -> "SegLine":
+        """Cropped or padded with spaces to exactly ``width`` cells (a new line)."""
+        out = SegLine()
+        left = width
+        for text, style in self.parts:
+            if left <= 0:
+                break
+            out.parts.append((text[:left], style))
+            left -= min(len(text), left)
+        if left > 0:
+            out.parts.append((" " * left, ""))
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SegLine) and other.parts == self.parts
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def segments(self, console: Any, base: Style) -> list[Segment]:
+        return [Segment(text, _style(console, base, style)) for text, style in self.parts]
+
+
+_STYLES: dict[tuple[Style, str], Style] = {}
+
+
+def _style(console: Any, base: Style, style: str) -> Style:
+    key = (base, style)
+    found = _STYLES.get(key)
+    if found is None:
+        found = _STYLES[key] = base + console.get_style(style) if style else base
+    return found
+
+
 class LinesView(Widget):
     """A widget showing a list of Text lines, through the line API (one Strip per line, cached)."""
 
@@ -64,26 +130,34 @@ class LinesView(Widget):
         self._lines: list[Text] = []
         self._strips: list[Strip] | None = None
         self._strips_width = 0
+        self._base = Style()
 
     @property
     def lines(self) -> list[Text]:
         return self._lines
 
     def set_lines(self, lines: list[Text]) -> None:
+        if lines == self._lines:
+            return  # unchanged (topology, processes most frames): keep the strips, no repaint
         previous = len(self._lines)
         self._lines, self._strips = lines, None
         self.refresh(layout=len(lines) != previous)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        base = self.rich_style
         if self._strips is None or self._strips_width != width:
+            # The base style is read once per rebuild, not per line (it walks the CSS each time).
+            base = self._base = self.rich_style
             console = self.app.console
-            self._strips = [Strip(text_segments(line, console, base)).adjust_cell_length(width, base) for line in self._lines]
+            self._strips = [
+                Strip(line.segments(console, base) if isinstance(line, SegLine) else text_segments(line, console, base))
+                .adjust_cell_length(width, base)
+                for line in self._lines
+            ]
             self._strips_width = width
         if y < len(self._strips):
             return self._strips[y]
-        return Strip.blank(width, base)
+        return Strip.blank(width, self._base)
 
     def get_content_height(self, container, viewport, width: int) -> int:
         return len(self._lines)
@@ -187,7 +261,7 @@ def _cells(model: MonitorModel, gpu: int) -> list[_Cell]:
     return cells
 
 
-def _draw_cell(line: Text, cell: _Cell, width: int) -> None:
+def _draw_cell(line: SegLine, cell: _Cell, width: int) -> None:
     value_width = max(len(cell.value), 9)
     bar_width = max(3, width - 4 - value_width - 1)
     line.append(cell.label.ljust(4), style="bold")
@@ -220,6 +294,12 @@ def panel_layout(n_gpus: int, width: int) -> tuple[int, int]:
     return columns, width // columns
 
 
+def graph_columns(n_gpus: int, width: int) -> int:
+    """How many columns a panel's history graphs have at this width (the history's bucket count)."""
+    _, panel_width = panel_layout(n_gpus, width)
+    return max(4, panel_width - 1 - 4 - 7)
+
+
 def gpu_panel_lines(model: MonitorModel, width: int, lines_per_panel: int, *, graph_rows: int = 1) -> list[Text]:
     """The GPU grid: a panel per GPU (header, bars, history graphs), ``lines_per_panel`` tall at
     most (at least header + two lines of bars)."""
@@ -229,7 +309,7 @@ def gpu_panel_lines(model: MonitorModel, width: int, lines_per_panel: int, *, gr
     columns, panel_width = panel_layout(len(gpus), width)
     inner = panel_width - 1  # one column of space between panels
     per_line = max(1, inner // 18)
-    panels: list[list[Text]] = []
+    panels: list[list[SegLine]] = []
     for gpu in gpus:
         cells = _cells(model, gpu)
         specs = _graph_specs(model, gpu)
@@ -247,31 +327,29 @@ def gpu_panel_lines(model: MonitorModel, width: int, lines_per_panel: int, *, gr
         per_line = math.ceil(len(cells) / math.ceil(len(cells) / per_line))  # even lines, wider bars
         cell_width = inner // per_line
         for k in range(0, len(cells), per_line):
-            line = Text(no_wrap=True, overflow="crop")
+            line = SegLine()
             for cell in cells[k:k + per_line]:
                 _draw_cell(line, cell, cell_width - 1)
                 line.append(" ")
             panel.append(line)
         panel += _panel_graphs(model, gpu, specs, inner, rows)
         panels.append(panel)
-    out: list[Text] = []
+    out: list[SegLine] = []
     for start in range(0, len(panels), columns):
         row = panels[start:start + columns]
         height = max(len(p) for p in row)
         for y in range(height):
-            line = Text(no_wrap=True, overflow="crop")
+            line = SegLine()
             for panel in row:
-                piece = panel[y] if y < len(panel) else Text()
-                piece = piece.copy()
-                piece.truncate(inner, pad=True)
-                line.append_text(piece)
+                piece = panel[y] if y < len(panel) else SegLine()
+                line.append_text(piece.fit(inner))
                 line.append("│" if panel is not row[-1] else "", style="dim")
             out.append(line)
     return out
 
 
-def _panel_header(model: MonitorModel, gpu: int, width: int) -> Text:
-    head = Text(no_wrap=True, overflow="ellipsis")
+def _panel_header(model: MonitorModel, gpu: int, width: int) -> SegLine:
+    head = SegLine()
     head.append(f"GPU{gpu} ", style="bold reverse")
     head.append(" " + (model.names.get(gpu) or getattr(model.limits.get(gpu), "name", "") or ""), style="bold")
     ranks = sorted({r for p in model.processes or () if p.gpu == gpu for r in [model.rank_of(p)] if r is not None})
@@ -289,16 +367,16 @@ def _series(model: MonitorModel, gpu: int, column: str, width: int) -> list[floa
     return model.history.series(gpu, column, model.now, width)
 
 
-def _panel_graphs(model: MonitorModel, gpu: int, specs: list, width: int, rows: int) -> list[Text]:
+def _panel_graphs(model: MonitorModel, gpu: int, specs: list, width: int, rows: int) -> list[SegLine]:
     out = []
-    graph_width = max(4, width - 4 - 7)
+    graph_width = max(4, width - 4 - 7)  # = graph_columns(): panel width - 1 - label - value
     sample = model.latest[gpu]
     for label, column, style, top in specs:
         values = _series(model, gpu, column, graph_width)
         current = getattr(sample, column)
         value = (NA if current is None else f"{current:.0f}%") if column == "sm_util_pct" else _gbps(current)
         for k, text in enumerate(graph(values, graph_width, rows, top)):
-            line = Text(no_wrap=True, overflow="crop")
+            line = SegLine()
             line.append((label if k == rows - 1 else "").ljust(4), style="bold")
             line.append(text, style=style)
             if k == rows - 1:
@@ -334,10 +412,10 @@ def nvlink_lines(model: MonitorModel, width: int) -> list[Text]:
     cell = 3 if width >= 2 * (6 + 3 * n_links) + aggregate_width + 4 else 2 if width >= 2 * (6 + 2 * n_links) + aggregate_width + 4 else 1
     side_by_side = width >= 2 * (6 + cell * n_links) + 2 + aggregate_width
     grid_width = 6 + cell * n_links
-    out = [title]
+    out: list[Any] = [title]
 
-    def grid_row(gpu: int, direction: str) -> Text:
-        line = Text(no_wrap=True, overflow="crop")
+    def grid_row(gpu: int, direction: str) -> SegLine:
+        line = SegLine()
         line.append(f"GPU{gpu}".ljust(6), style="bold")
         rates = {ln.link: (ln.tx_bytes_per_s if direction == "tx" else ln.rx_bytes_per_s) for ln in model.latest[gpu].links}
         limit = topo.link_bytes_per_s(gpu) if topo is not None else None
@@ -350,10 +428,10 @@ def nvlink_lines(model: MonitorModel, width: int) -> list[Text]:
             line.append(label.rjust(cell), style=heat_style(_fraction(rates[link], top)))
         return line
 
-    def aggregate(gpu: int) -> Text:
+    def aggregate(gpu: int) -> SegLine:
         s = model.latest[gpu]
         limit = topo.gpu_bytes_per_s(gpu) if topo is not None else None
-        line = Text(no_wrap=True, overflow="crop")
+        line = SegLine()
         for arrow, value, style in (("↑", s.nvlink_tx_bytes_per_s, TX_STYLE), ("↓", s.nvlink_rx_bytes_per_s, RX_STYLE)):
             fraction = _fraction(value, limit)
             line.append(f" {arrow}")
@@ -370,9 +448,9 @@ def nvlink_lines(model: MonitorModel, width: int) -> list[Text]:
         header.append(" total ↑TX ↓RX of the GPU's limit", style="dim")
         out.append(header)
         for gpu in gpus:
-            line = grid_row(gpu, "tx") if gpu in with_links else Text(f"GPU{gpu}".ljust(grid_width))
+            line = grid_row(gpu, "tx") if gpu in with_links else SegLine(f"GPU{gpu}".ljust(grid_width))
             line.append("  ")
-            line.append_text(grid_row(gpu, "rx") if gpu in with_links else Text(" " * grid_width))
+            line.append_text(grid_row(gpu, "rx") if gpu in with_links else SegLine(" " * grid_width))
             line.append_text(aggregate(gpu))
             out.append(line)
     else:
@@ -381,7 +459,7 @@ def nvlink_lines(model: MonitorModel, width: int) -> list[Text]:
             out += [grid_row(g, direction) for g in with_links]
         out.append(Text("total ↑TX ↓RX of the GPU's limit", style="dim"))
         for gpu in gpus:
-            line = Text(f"GPU{gpu}".ljust(6), style="bold", no_wrap=True, overflow="crop")
+            line = SegLine(f"GPU{gpu}".ljust(6), "bold")
             line.append_text(aggregate(gpu))
             out.append(line)
     legend = Text("scale ", style="dim", no_wrap=True, overflow="crop")
