@@ -888,7 +888,7 @@ def unsupported_figures(sampler: "NvmlSampler") -> dict[int, dict[str, str]]:
         if not gpu.pcie_counters and gpu.index not in sampler.gpm:
             reasons["PCIe"] = "the PCIe byte counters answer NOT_SUPPORTED and there is no GPM"
         if gpu.index not in sampler.gpm:
-            reasons["DRAM bandwidth, tensor activity"] = "GPM metrics need Hopper or newer"
+            reasons["DRAM bandwidth and tensor activity"] = "GPM metrics need Hopper or newer (MBW shows NVML's memory activity)"
         if reasons:
             out[gpu.index] = reasons
     return out
