@@ -66,14 +66,17 @@ class MonitorScreen(Screen):
         self.window_index = 0
         self.graph_width = HISTORY_BUCKETS  # one history bucket per graph column: a frame only looks up
         self.history = RateHistory(WINDOWS_S[0], HISTORY_BUCKETS)
-        self._fed_ts: float | None = None
+        self._fed_ts: float | None = None  # None: the history needs a refill from the ring
         self._fed_source: Any = None
+        self._filling = False
+        self._history_generation = 0
         self._ticks = 0
         self.processes: list[Any] | None = None
         self.unsupported: dict[int, dict[str, str]] = {}
         self.topology: Any = None
         self.limits: dict[int, Any] = {}
         self._facts_source: Any = None
+        self._facts_running = False
 
     @property
     def pkb(self) -> "PkbApp":
@@ -136,9 +139,10 @@ class MonitorScreen(Screen):
     def source(self) -> Any:
         return self.pkb.batch.telemetry or self.telemetry
 
-    @work(thread=True, exclusive=True, group="monitor-facts")
+    @work(thread=True, group="monitor-facts")
     def _read_facts(self, source: Any, with_static: bool) -> None:
-        """Topology and limits once per sampler; processes and n/a reasons every 2 s."""
+        """Topology and limits once per sampler; processes and n/a reasons every 2 s (one read at a
+        time: a slow NVML does not pile them up)."""
         try:
             if with_static:
                 topology = getattr(source, "topology", None)
@@ -151,23 +155,44 @@ class MonitorScreen(Screen):
             self.unsupported = unsupported() if unsupported is not None else {}
         except Exception as exc:  # a failed read leaves the last figures; the notes say why
             self.problem = f"could not read GPU facts: {exc}"
+        finally:
+            self._facts_running = False
 
-    @work(thread=True, exclusive=True, group="monitor-history")
-    def _read_history(self, history: RateHistory, since: float, until: float) -> None:
-        """The part of the window older than the ring, from runs.db (per-bucket means)."""
+    @work(thread=True, group="monitor-history")
+    def _refill(self, ring: Any, history: RateHistory, generation: int) -> None:
+        """Fold the window's samples into a new history off the app's thread (an hour of ring at
+        10 Hz is ~36,000 samples: a few hundred ms), with the part older than the ring from runs.db
+        (per-bucket means), then swap it in on the app's thread."""
+        latest = ring.latest_per_gpu()
+        samples: list[Any] = []
+        if latest:
+            since = max(s.ts for s in latest.values()) - history.window_s
+            oldest = ring.oldest_ts() if hasattr(ring, "oldest_ts") else None
+            if oldest is not None and oldest > since and self.pkb.config.db_path is not None:
+                history.add_bucket_means(self._database_rows(history, since, oldest))
+            samples = ring.snapshot(since_ts=since)
+            history.feed(samples)
+        last_ts = samples[-1].ts if samples else -float("inf")
+        self.app.call_from_thread(self._refilled, history, last_ts, generation)
+
+    def _database_rows(self, history: RateHistory, since: float, until: float) -> list[tuple[int, int, str, float, int]]:
         from pkb_tui.store.store import connect
 
         try:
             conn = connect(self.pkb.config.db_path, readonly=True)
         except Exception:
-            return
+            return []  # no database yet: the ring is all there is
         try:
-            rows = database_buckets(conn, history, since, until)
+            return database_buckets(conn, history, since, until)
         except Exception:
-            return
+            return []
         finally:
             conn.close()
-        history.add_bucket_means(rows)
+
+    def _refilled(self, history: RateHistory, last_ts: float, generation: int) -> None:
+        if generation != self._history_generation:
+            return  # the window, the layout or the sampler changed meanwhile: a newer refill is coming
+        self.history, self._fed_ts, self._filling = history, last_ts, False
 
     # ------------------------------------------------------------------ drawing
     def tick(self) -> None:
@@ -176,10 +201,11 @@ class MonitorScreen(Screen):
         source = self.source()
         ring = getattr(source, "ring", None)
         if source is not None and source is not self._facts_source:
-            self._facts_source = source
+            self._facts_source, self._facts_running = source, True
             self.topology, self.limits, self.processes, self.unsupported = None, {}, None, {}
             self._read_facts(source, True)
-        elif source is not None and self._ticks % PROCESS_REFRESH_TICKS == 0:
+        elif source is not None and self._ticks % PROCESS_REFRESH_TICKS == 0 and not self._facts_running:
+            self._facts_running = True
             self._read_facts(source, False)
         self._ticks += 1
         width = self._body_width()
@@ -203,31 +229,28 @@ class MonitorScreen(Screen):
         self._draw_body(source, model)
 
     def _feed(self, source: Any, ring: Any) -> None:
+        """Fold the samples that arrived since the last frame; after a reset, refill in a worker
+        (frames meanwhile draw the history there is)."""
         if source is not self._fed_source:
-            self._fed_source, self._fed_ts = source, None
+            self._fed_source = source
             self._reset_history()
-        fresh = ring.snapshot(since_ts=self._fed_ts) if self._fed_ts is not None else self._window_of(ring)
+        if self._fed_ts is None:
+            if not self._filling:
+                self._filling = True
+                self._refill(ring, RateHistory(self.history.window_s, self.history.buckets), self._history_generation)
+            return
+        fresh = ring.snapshot(since_ts=self._fed_ts)
         if fresh:
             self.history.feed(fresh)
             self._fed_ts = fresh[-1].ts
         if self._ticks % 40 == 0 and self.history.last_ts is not None:
             self.history.prune(self.history.last_ts)
 
-    def _window_of(self, ring: Any) -> list[Any]:
-        """The ring's samples inside the window (a first fill), and the database for what is older."""
-        latest = ring.latest_per_gpu()
-        if not latest:
-            return []
-        newest = max(s.ts for s in latest.values())
-        since = newest - self.history.window_s
-        oldest = ring.oldest_ts() if hasattr(ring, "oldest_ts") else None
-        if oldest is not None and oldest > since and self.pkb.config.db_path is not None:
-            self._read_history(self.history, since, oldest)
-        return ring.snapshot(since_ts=since)
-
     def _reset_history(self) -> None:
         self.history = RateHistory(WINDOWS_S[self.window_index], self.graph_width)
         self._fed_ts = None
+        self._filling = False
+        self._history_generation += 1
 
     def _draw_head(self, source: Any, model: MonitorModel) -> None:
         head = Text(no_wrap=True, overflow="ellipsis")
