@@ -130,3 +130,29 @@ def test_show_names_both_traces_with_the_command_to_open_them(seeded, cli, tmp_p
     assert f"baseline trace: {tmp_path / 'item000.baseline.rank0.trace.json'}" in result.out
     assert f"candidate trace: {tmp_path / 'item000.candidate.rank0.trace.json'}" in result.out
     assert "https://ui.perfetto.dev" in result.out
+
+
+def test_the_result_screen_names_the_traces_too(seeded, tmp_path):
+    import asyncio
+
+    from pkb_tui.app import PkbApp
+    from tests.app_fixtures import app_config, screen_text
+
+    db, ids = seeded
+    for variant in ("baseline", "candidate"):
+        (tmp_path / f"item000.{variant}.rank0.trace.json").write_text("[]")
+    with Store(db) as store:
+        store.update_run(ids[1], trace_path=str(tmp_path / "item000.candidate.rank0.trace.json"))
+    app = PkbApp(config=app_config(db))
+    seen = {}
+
+    async def main():
+        async with app.run_test(size=(200, 50)) as pilot:
+            await app.workers.wait_for_complete()
+            app.open_result(ids[1])
+            await pilot.pause(0.5)
+            seen["text"] = screen_text(app)
+
+    asyncio.run(main())
+    assert "baseline trace: " in seen["text"] and "item000.baseline.rank0.trace.json" in seen["text"]
+    assert "https://ui.perfetto.dev" in seen["text"]
