@@ -77,6 +77,7 @@ class MonitorScreen(Screen):
         self.limits: dict[int, Any] = {}
         self._facts_source: Any = None
         self._facts_running = False
+        self._shown: dict[str, Text] = {}
 
     @property
     def pkb(self) -> "PkbApp":
@@ -272,7 +273,7 @@ class MonitorScreen(Screen):
             if self.paused:
                 head.append(" · paused", style="yellow")
             head.append(" · the running batch's sampler" if batch else " · sampled while shown", style="dim")
-        self.query_one("#monitor-head", Static).update(head)
+        self._update_static("#monitor-head", head)
         notes: list[str] = []
         reason = getattr(source, "reason", None)
         if reason:
@@ -280,8 +281,14 @@ class MonitorScreen(Screen):
         if self.problem and source is not None:
             notes.append(self.problem)
         notes += na_notes(self.unsupported, model.gpus)
-        self.query_one("#monitor-notes", Static).update(Text("\n".join(notes), style="dim", no_wrap=True, overflow="ellipsis"))
+        self._update_static("#monitor-notes", Text("\n".join(notes), style="dim", no_wrap=True, overflow="ellipsis"))
         self.query_one("#monitor-notes", Static).display = bool(notes)
+
+    def _update_static(self, selector: str, text: Text) -> None:
+        """Update a Static only when its text changed: an update costs a layout pass of the screen."""
+        if self._shown.get(selector) != text:
+            self._shown[selector] = text
+            self.query_one(selector, Static).update(text)
 
     def _body_width(self) -> int:
         body = self.query_one("#monitor-body", VerticalScroll)
