@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every check the GPU box must show, in as few device calls as possible.
-#   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu]      (default: all sections)
+#   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu] [judge]   (default: all sections)
+#   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check,
+#   self-check of every task); JUDGE_PARTS picks its parts (default all).
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
 set -u
 OUT=${OUT:-/tmp/pkb-out}
@@ -11,7 +13,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 PY=${PY:-python3}
 DB="$OUT/runs.db"
 COLLECTIVES=all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,reduce,gather,scatter
-sections=${*:-engine tasks collectors gpu}
+sections=${*:-engine tasks collectors gpu judge}
 
 BUDGET_S=${BUDGET_S:-100000}  # start nothing new past this many seconds (device time is scarce)
 over_budget() { [ "$SECONDS" -ge "$BUDGET_S" ] && echo "--- skipped $1: past the ${BUDGET_S} s budget"; }
@@ -58,6 +60,11 @@ for section in $sections; do
   gpu)
     echo "=== custom-kernel path (bench/gpu_check.py)"
     timeout 400 $PY bench/gpu_check.py --db "$DB" 2>&1 | tee "$OUT/gpu_check.txt" | tail -60
+    ;;
+  judge)
+    echo "=== judge (bench/judge_gpu_check.py)"
+    timeout 1500 $PY bench/judge_gpu_check.py --out "$OUT" --parts "${JUDGE_PARTS:-smoke,adversarial,spin,selfcheck}" 2>&1 \
+      | tee "$OUT/judge_check.txt" | tail -90
     ;;
   esac
 done

@@ -212,9 +212,11 @@ def part_spin(out: Path, report: dict) -> None:
     report["spin"] = {"cycles_per_us": rate, "lengths_us": lengths, "rows": rows, "profiled": checks}
 
 
-def part_selfcheck(out: Path, report: dict) -> None:
+def part_selfcheck(out: Path, report: dict, size: str = "small", timeout_s: int = 25) -> None:
     doc, events = cli(out, "selfcheck", ["--task", "all", "--model", "baseline", "--world-size", "1", "--mode", "nccl",
-                                         "--size", "default", "--trials", "1", "--no-profile"], timeout_s=580)
+                                         "--size", size, "--trials", "1", "--iterations", "1", "--no-profile",
+                                         "--timeout", str(timeout_s)], timeout_s=560)
+    intervals = {r["task"]: r for r in (doc or {}).get("runs", [])}
     rows = []
     for item, slot in sorted(events.items()):
         row: dict[str, Any] = {"task": slot.get("task")}
@@ -222,14 +224,21 @@ def part_selfcheck(out: Path, report: dict) -> None:
             b, c = figure(events, item, "baseline", method), figure(events, item, "candidate", method)
             row[method] = round(b / c, 3) if b and c else None
             row[f"{method}_base_us"] = round(b, 2) if b else None
+        run = intervals.get(slot.get("task")) or {}
+        row["status"] = run.get("status")
+        row["speedup"], row["low"], row["high"] = run.get("speedup"), run.get("speedup_low"), run.get("speedup_high")
         rows.append(row)
     within = sum(1 for r in rows if r["eager"] and abs(r["eager"] - 1) <= 0.03)
     within_graph = sum(1 for r in rows if r["graph"] and abs(r["graph"] - 1) <= 0.03)
     graphs = sum(1 for r in rows if r["graph"])
+    contain = sum(1 for r in rows if r["low"] is not None and r["low"] <= 1.0 <= r["high"])
+    point_within = sum(1 for r in rows if r["speedup"] and abs(r["speedup"] - 1) <= 0.03)
     for row in rows:
         print("  ", json.dumps(row))
-    print(f"  self-check: eager medians within 3%: {within}/{len(rows)}; graph: {within_graph}/{graphs}")
-    report["selfcheck"] = {"rows": rows, "eager_within_3pct": within, "graph_within_3pct": within_graph, "tasks": len(rows)}
+    print(f"  self-check ({size}): paired speedup within 3%: {point_within}/{len(rows)}; 95% intervals containing 1.0: "
+          f"{contain}/{len(rows)}; eager medians within 3%: {within}/{len(rows)}; graph: {within_graph}/{graphs}")
+    report["selfcheck"] = {"rows": rows, "eager_within_3pct": within, "graph_within_3pct": within_graph,
+                           "intervals_contain_1": contain, "speedup_within_3pct": point_within, "tasks": len(rows)}
 
 
 def main() -> int:
