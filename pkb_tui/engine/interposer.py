@@ -321,6 +321,12 @@ def _measure_rank(rank: int, world_size: int, init_file: str, request: MeasureRe
     """One gloo rank: every task in turn, its baseline called once under the interposer."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    # The baseline's prints, deprecation warnings and the profiler's start/stop lines would mix into
+    # the caller's terminal: this rank's output goes to a log beside the rendezvous file (failures
+    # come back as sentences).
+    log_fd = os.open(os.path.join(os.path.dirname(init_file), f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
     interposer = Interposer().install()  # before any task module is imported
     from datetime import timedelta
 
