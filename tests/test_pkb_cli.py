@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_pkb_tasks import CLONE, MODEL_A, MODEL_B, pkb_env  # noqa: F401  (fixture)
+from tests.test_pkb_tasks import CLONE, MODEL_A, MODEL_B, PKB_ENV
+
+
+@pytest.fixture
+def pkb_env(monkeypatch: pytest.MonkeyPatch):
+    """What the CLI puts in the environment (it activates the clone) is undone after the test."""
+    for name in PKB_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
 
 
 def _trials(db: Path, run_id: int) -> list[tuple[int, int, str | None]]:
