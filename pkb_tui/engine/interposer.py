@@ -15,7 +15,7 @@ group size, and turned into the bytes this rank sends and receives under the sta
 | broadcast | root sends S (if n > 1), every other rank receives S (pipelined chain) |
 | reduce | every non-root rank sends S, the root receives S (pipelined chain) |
 | gather / scatter | non-root sends / receives its block; root receives / sends the n-1 others |
-| send, recv, isend, irecv, batch_isend_irecv | exact |
+| send, recv, isend, irecv, batch_isend_irecv | exact (payload: the larger direction, as nccl-tests' sendrecv) |
 | *_object calls | the pickled bytes, with the pattern of the tensor call of the same name |
 
 The factors are those of the hand-written models in tasks/collective/*.py, so the two agree exactly
@@ -50,6 +50,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 MEASURED_SOURCE = "measured from the baseline's calls"
+P2P_SEND = ("send", "send_object_list")
+P2P_RECV = ("recv", "recv_object_list")
 
 # Every name is wrapped wherever it exists in torch.distributed and torch.distributed.distributed_c10d.
 WRAPPED = (
@@ -86,12 +88,19 @@ class RankMeasurement:
         """A tasks.base.Traffic from the recorded calls (sums over calls)."""
         from tasks.base import Traffic
 
-        payload = sum(c.payload_bytes for c in self.calls)
-        factors = {c.bus_factor for c in self.calls if c.payload_bytes}
+        # Point-to-point: nccl-tests' sendrecv counts the bytes of one direction, so the payload of a
+        # rank's p2p calls is the larger of what it sends and what it receives (a halo exchange that
+        # sends and receives S counts S, not 2S).
+        p2p_send = sum(c.payload_bytes for c in self.calls if c.kind in P2P_SEND)
+        p2p_recv = sum(c.payload_bytes for c in self.calls if c.kind in P2P_RECV)
+        parts = [(c.payload_bytes, c.bus_factor) for c in self.calls if c.kind not in P2P_SEND + P2P_RECV]
+        parts.append((max(p2p_send, p2p_recv), 1.0))
+        payload = sum(bytes_ for bytes_, _ in parts)
+        factors = {factor for bytes_, factor in parts if bytes_}
         if len(factors) == 1:
             bus_factor = factors.pop()
         elif payload:
-            bus_factor = sum(c.payload_bytes * c.bus_factor for c in self.calls) / payload
+            bus_factor = sum(bytes_ * factor for bytes_, factor in parts) / payload
         else:
             bus_factor = 0.0
         return Traffic(
