@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--json", action="store_true")
     runs.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
 
+    board = sub.add_parser("board", help="per-problem scores by model: pass@k and fast_p, as ParallelKernelBench reports them")
+    board.add_argument("--k", default="1", help="k values of pass@k, comma separated (default 1)")
+    board.add_argument("--p", default="1,1.5", help="p values of fast_p, comma separated (default 1,1.5)")
+    board.add_argument("--prefix", help="only task ids starting with this (e.g. pkb/)")
+    board.add_argument("--json", action="store_true")
+    board.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
     show = sub.add_parser("show", help="one run in full")
     show.add_argument("run_id", type=int)
     show.add_argument("--json", action="store_true")
@@ -489,6 +496,34 @@ def cmd_runs(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_board(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.pkb.board import board_rows, problem_scores
+    from pkb_tui.store import Store
+
+    try:
+        ks = tuple(int(v) for v in _split(args.k))
+        ps = tuple(float(v) for v in _split(args.p))
+    except ValueError:
+        raise PkbError("--k takes whole numbers and --p numbers, comma separated (e.g. --k 1,5 --p 1,1.5).") from None
+    if any(k < 1 for k in ks):
+        raise PkbError("--k values must be at least 1.")
+    with Store(db) as store:
+        scores = problem_scores(store.conn, prefix=args.prefix)
+    if args.json:
+        json.dump([{
+            "model": s.model, "problems": len(s.problems),
+            "pass_at": {str(k): s.pass_at(k) for k in ks}, "fast": {str(p): s.fast(p) for p in ps},
+            "per_problem": [{"task": p.task_id, "runs": p.runs, "correct_runs": p.correct_runs,
+                             "pass_at": {str(k): p.pass_at(k) for k in ks}, "latest_speedup": p.latest_speedup,
+                             "fast": {str(q): p.fast(q) for q in ps}} for p in s.problems],
+        } for s in scores], out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    header = ("model", "problems", *(f"pass@{k}" for k in ks), *(f"fast_{p:g}" for p in ps))
+    _print_table(header, board_rows(scores, ks, ps), out)
+    return EXIT_OK
+
+
 def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from pkb_tui.store import Store
 
@@ -543,7 +578,7 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
 
 
 COMMANDS = {
-    "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show,
+    "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show, "board": cmd_board,
     "monitor": cmd_monitor, "calibrate": cmd_calibrate,
 }
 

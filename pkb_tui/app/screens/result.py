@@ -145,6 +145,24 @@ def trials_table(run: dict[str, Any]) -> Table | Text:
     return table
 
 
+def verdicts_note(run: dict[str, Any]) -> Text | None:
+    """Both verdicts, when a ParallelKernelBench run's two checks (this project's and PKB's
+    allclose) disagree on some trial: the judging one and the other, trial by trial."""
+    from pkb_tui.engine.compare import VERDICTS_DIFFER
+
+    trials = [t for t in run.get("trial_results") or [] if t["trial"] >= 0]
+    differing = [t for t in trials if VERDICTS_DIFFER in (t.get("message") or "")]
+    if not differing:
+        return None
+    pkb = ((run.get("request") or {}).get("extra") or {}).get("pkb") or {}
+    judge, other = ("PKB's allclose(1e-2, 1e-2)", "pkb-tui's check") if pkb.get("tolerance") == "pkb" \
+        else ("pkb-tui's check", "PKB's allclose(1e-2, 1e-2)")
+    judged_passed = sum(1 for t in trials if t["correct"])
+    other_passed = judged_passed + sum(1 if not t["correct"] else -1 for t in differing)
+    return Text(f"verdicts differ: {judge} (judging) {judged_passed}/{len(trials)} trials, "
+                f"{other} {other_passed}/{len(trials)}", style="yellow")
+
+
 def kernels_table(run: dict[str, Any]) -> Table | Text:
     kernels = run.get("kernels") or []
     if not kernels:
@@ -276,7 +294,9 @@ class ResultScreen(Screen):
             self.query_one("#result-sides", Static).update(Text(
                 "No figures: the run ended before any variant was timed (the reason is above; the log has the rest).",
                 style="dim"))
-        self.query_one("#result-trials", Static).update(Group(Text("Trials", style="bold underline"), trials_table(run)))
+        note = verdicts_note(run)
+        self.query_one("#result-trials", Static).update(Group(
+            Text("Trials", style="bold underline"), *([note] if note else []), trials_table(run)))
         self.query_one("#result-kernels", Static).update(Group(Text("Top kernels", style="bold underline"), kernels_table(run)))
         self._draw_chart()
 
