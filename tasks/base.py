@@ -93,7 +93,7 @@ class Traffic:
     payload_bytes: int = 0
     bus_factor: float = 1.0
     tf32_flops: int = 0
-    source: str = "hand-written model"  # or "measured from the baseline's calls" (engine/interposer.py)
+    source: str = ""  # "" for a hand-written model; "measured from the baseline's calls" (engine/interposer.py)
 
     @property
     def wire_bytes(self) -> int:

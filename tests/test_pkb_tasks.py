@@ -186,3 +186,25 @@ def test_pkb_allclose_and_the_second_verdict_when_the_two_checks_disagree() -> N
     assert result.correct and VERDICTS_DIFFER in result.message and "pkb-tui's check" in result.message
     off = {"sum": torch.tensor([1.0, 2.5], dtype=torch.bfloat16), "n": 2}
     assert not compare_outputs(off, ref, pkb_judging).correct
+
+
+def test_the_dashboard_catalogue_lists_pkb_problems_beside_the_own_tasks(clone: Path) -> None:
+    from pkb_tui.app.catalog import load_catalog
+
+    catalog = load_catalog()
+    ids = {t.id for t in catalog.tasks}
+    assert {"pkb/1_all_reduce", "pkb/3_row_stats", "all_reduce"} <= ids
+    assert {"pkb-collective", "pkb-other", "collective"} <= set(catalog.families)  # the family filter offers them
+    model_a = next(m for m in catalog.models if m.name == MODEL_A.name)
+    assert model_a.covered == 3 and model_a.notes == "acme"
+
+
+def test_the_result_screen_labels_a_pkb_problems_traffic_as_measured() -> None:
+    from pkb_tui.app.screens.result import comparison_table
+
+    run = {"task_id": "pkb/1_all_reduce", "results": {"baseline": {"correct": 1}, "candidate": {"correct": 1}}}
+    from rich.console import Console
+
+    console = Console(width=160, record=True)
+    console.print(comparison_table(run))
+    assert "traffic measured from the baseline's calls" in console.export_text()
