@@ -111,8 +111,11 @@ def find_model(name_or_path: str) -> SolutionSet:
         if found.pkb is None and found.manifest.get("model"):
             found.name = found.manifest["model"]
         return found
+    clone = Path(os.environ["PKB_ROOT"]).resolve() if os.environ.get("PKB_ROOT") else None
     for directory in search_dirs():
         candidate = directory / name_or_path
+        if clone is not None and directory.resolve() == clone and candidate not in pkb_layout.clone_model_dirs(directory):
+            continue  # in a PKB clone only its solutions_* folders are models (not reference/, utils/)
         if candidate.is_dir():
             return _solution_set(name_or_path, candidate.resolve())
     if as_path.is_dir():
