@@ -43,7 +43,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -185,9 +185,9 @@ class Interposer:
                 self._local.depth = depth
             if depth == 0 and self.recording:
                 try:
-                    bound = signature.bind(*args, **kwargs) if signature is not None else None
-                    params = dict(bound.arguments) if bound is not None else {}
-                    if bound is not None:
+                    params: dict[str, Any] = {}
+                    if signature is not None:
+                        params = dict(signature.bind(*args, **kwargs).arguments)
                         for pname, p in signature.parameters.items():
                             params.setdefault(pname, p.default)
                     self.calls.extend(_describe(name, params))
@@ -430,8 +430,8 @@ def _cache_key(task_id: str, world_size: int, dtype: str, size: str, sources: li
     return f"{task_id}|{world_size}|{dtype}|{size}|{extra}|{digest.hexdigest()[:16]}"
 
 
-def measured_traffic(task_id: str, world_size: int, dtype: str, size: str, *, sources: list[Path] = (),
-                     extra: str = ""):
+def measured_traffic(task_id: str, world_size: int, dtype: str, size: str, *, sources: Iterable[Path] = (),
+                     extra: str = "") -> list[Any]:
     """The per-rank Traffic measured from ``task_id``'s baseline, from the cache when its sources
     (the files that define the baseline and its inputs) have not changed; raises PkbError when the
     baseline cannot be measured."""

@@ -139,11 +139,9 @@ def _make_task(root: Path, number: int, name: str, file: Path) -> Task:
     )
     module = ModuleType(f"pkb_reference_{number}")
     module.__file__ = str(file)  # the launcher hashes the baseline's source from here
-    task = Task(spec, module, make_inputs=lambda ctx: None, baseline=lambda *a: None,  # replaced just below
-                reference=_no_reference, traffic=lambda ctx: None)  # type: ignore[arg-type,return-value]
-    task.make_inputs = _InputMaker(root, number, task_id, spec.family)
-    task.baseline = _LazyBaseline(task, root, file)
-    task.traffic = _MeasuredTraffic(root, task_id, file)
+    task = Task(spec, module, make_inputs=_InputMaker(root, number, task_id, spec.family), baseline=_no_reference,
+                reference=_no_reference, traffic=_MeasuredTraffic(root, task_id, file))
+    task.baseline = _LazyBaseline(task, root, file)  # needs the task: it puts the real function there
     return task
 
 
