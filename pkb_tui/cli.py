@@ -397,7 +397,9 @@ def _print_traffic(args: argparse.Namespace, tasks: list[Any], out: TextIO) -> i
     runnable = []
     for task in tasks:
         try:
-            task.check_request(world_size=ws, mode="cpu", dtype=dtype if dtype in task.spec.dtypes else task.spec.dtypes[0], size=size)
+            # any mode the task runs in: measuring tolerates calls gloo rejects on argument checks
+            task.check_request(world_size=ws, mode=task.spec.modes[0],
+                               dtype=dtype if dtype in task.spec.dtypes else task.spec.dtypes[0], size=size)
             runnable.append(task)
         except PkbError as exc:
             out.write(f"{task.id}: not measured: {exc}\n")

@@ -85,3 +85,22 @@ def test_the_interposer_puts_every_wrapped_function_back() -> None:
         assert getattr(dist.all_reduce, "__pkb_interposed__", False)
         assert dist.all_reduce is torch.distributed.distributed_c10d.all_reduce
     assert (dist.all_reduce, dist.batch_isend_irecv, torch.distributed.distributed_c10d.all_gather_object) == before
+
+
+def _stacked_all_gather(rank: int, world_size: int) -> tuple[list[str], list[tuple[str, int, int]]]:
+    """PKB's 2_allgather shape: an output of (world_size, M, N), which NCCL takes and gloo rejects."""
+    interposer = Interposer().install()
+    try:
+        interposer.tolerate_backend_errors = interposer.recording = True
+        x = torch.ones(4, 8)
+        dist.all_gather_into_tensor(x.new_empty((world_size, 4, 8)), x)
+        return interposer.backend_errors, [(c.kind, c.send_bytes, c.recv_bytes) for c in interposer.calls]
+    finally:
+        interposer.uninstall()
+
+
+@pytest.mark.timeout(300)
+def test_a_call_gloo_rejects_on_its_arguments_is_measured_as_if_it_had_run() -> None:
+    for errors, calls in run_distributed(2, _stacked_all_gather):
+        assert len(errors) == 1 and errors[0].startswith("all_gather_into_tensor")
+        assert calls == [("all_gather", 128, 128)]

@@ -67,6 +67,13 @@ _WORLD_SIZE_RULES: tuple[tuple[str, tuple[int, ...], str], ...] = (
 )
 
 
+# Modes PKB's references cannot run in, by problem name (facts from its reference/ files).
+_MODE_RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (r"^allgather$", ("nccl",),
+     "its reference all-gathers into a (world_size, M, N) tensor, which NCCL accepts and gloo rejects"),
+)
+
+
 def family_for(name: str) -> str:
     for pattern, family in _FAMILY_RULES:
         if re.search(pattern, name):
@@ -131,11 +138,16 @@ def _make_task(root: Path, number: int, name: str, file: Path) -> Task:
     for pattern, sizes, why in _WORLD_SIZE_RULES:
         if re.search(pattern, name):
             world_sizes, note = sizes, why
+    modes, mode_note = ("nccl", "shared-gpu", "cpu"), ""
+    for pattern, allowed, why in _MODE_RULES:
+        if re.search(pattern, name):
+            modes, mode_note = allowed, why
     spec = TaskSpec(
         id=task_id, title=f"PKB {number}: {name.replace('_', ' ')}", family=family_for(name),
         source=f"ParallelKernelBench reference/{file.name}",
         why=note or "a ParallelKernelBench problem: PyTorch + torch.distributed reference, inputs from its own input maker",
         sizes=PKB_SIZES, dtypes=PKB_DTYPES, tolerances=_tolerances(), world_sizes=world_sizes,
+        modes=modes, mode_note=mode_note,
     )
     module = ModuleType(f"pkb_reference_{number}")
     module.__file__ = str(file)  # the launcher hashes the baseline's source from here
