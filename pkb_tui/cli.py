@@ -232,8 +232,6 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         trials=args.trials, timeout_s=args.timeout, timing=not args.no_timing, warmup=args.warmup,
         iterations=args.iterations, profile=not args.no_profile, seed=args.seed, extra=extra,
     )
-    for sentence in not_runnable:
-        print(f"pkb-tui: not run: {sentence}", file=sys.stderr)
     launcher = Launcher(db)
     Store(launcher.db_path).close()  # a bad --db fails here, before anything launches
     _terminate_as_interrupt()
