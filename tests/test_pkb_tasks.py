@@ -196,7 +196,7 @@ def test_the_dashboard_catalogue_lists_pkb_problems_beside_the_own_tasks(clone: 
     assert {"pkb/1_all_reduce", "pkb/3_row_stats", "all_reduce"} <= ids
     assert {"pkb-collective", "pkb-other", "collective"} <= set(catalog.families)  # the family filter offers them
     model_a = next(m for m in catalog.models if m.name == MODEL_A.name)
-    assert model_a.covered == 3 and model_a.notes == "acme"
+    assert model_a.covered == 3 and model_a.notes == "acme · model-a · reference"
 
 
 def test_the_result_screen_labels_a_pkb_problems_traffic_as_measured() -> None:
