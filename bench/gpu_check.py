@@ -74,7 +74,7 @@ def run_cli(args: list[str], log: Path, timeout_s: float) -> tuple[int, dict | N
 
 def calibrate(db: str, quick: bool, out_dir: Path) -> dict | None:
     code, document, seconds = run_cli(["--db", db, "calibrate", "--json", *(["--quick"] if quick else [])],
-                                      out_dir / "calibrate.log", timeout_s=240)
+                                      out_dir / "calibrate.log", timeout_s=420)  # the noise floor runs 8 tasks
     print(f"calibration: exit {code} in {seconds:.0f} s")
     if not document or "rows" not in document:
         print(f"  no calibration figures: {(document or {}).get('error') or 'see ' + str(out_dir / 'calibrate.log')}")
@@ -82,8 +82,18 @@ def calibrate(db: str, quick: bool, out_dir: Path) -> dict | None:
     sheet = document.get("datasheet", {})
     for row in document["rows"]:
         pair = f" {row['gpu_a']}->{row['gpu_b']}" if row.get("gpu_a") is not None else ""
-        if row.get("bandwidth_gbps") is None:
+        if row.get("skipped"):
             print(f"  {row['kind']:<17}{pair:<7} skipped: {row.get('skipped')}")
+            continue
+        if row.get("latency_us") is not None:  # alpha: the sweep's smallest all-reduce over 2(n-1) steps
+            detail = row.get("detail") or {}
+            print(f"  {row['kind']:<17}{pair:<7} {row['latency_us']:9.2f} us per message "
+                  f"({detail.get('allreduce_time_us', 0):.1f} us all-reduce of {detail.get('size_bytes')} B / {detail.get('steps')})")
+            continue
+        if row.get("noise_floor_fraction") is not None:  # baseline vs itself through the launcher
+            tasks = (row.get("detail") or {}).get("tasks") or {}
+            points = " ".join(f"{t}:{v['speedup']:.3f}" for t, v in tasks.items() if v.get("speedup"))
+            print(f"  {row['kind']:<17}{pair:<7} +-{row['noise_floor_fraction']:.1%} ({row.get('mode')}) {points}")
             continue
         ref = (sheet.get(row["kind"]) or {}).get("gbps")
         ratio = f" ({row['bandwidth_gbps'] / ref:.0%} of datasheet {ref:.0f})" if ref else ""

@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-timing", action="store_true", help="check correctness only")
     run.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile")
     run.add_argument("--seed", type=int, default=0)
+    _basis_option(run)
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
     _add_pkb_options(run)
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--model")
     runs.add_argument("--status")
     runs.add_argument("--limit", type=int, default=50)
+    _basis_option(runs)
     runs.add_argument("--json", action="store_true")
     runs.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
 
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="one run in full")
     show.add_argument("run_id", type=int)
+    _basis_option(show)
     show.add_argument("--json", action="store_true")
     show.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
 
@@ -99,8 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate = sub.add_parser("calibrate", help="measure this host's memory, peer and NCCL bandwidths")
     calibrate.add_argument("--quick", action="store_true")
+    calibrate.add_argument("--no-noise", action="store_true", help="skip the noise floor (the baseline timed against itself)")
+    calibrate.add_argument("--noise-only", action="store_true",
+                           help="measure only the noise floor (works without a GPU: cpu mode)")
     calibrate.add_argument("--json", action="store_true")
     calibrate.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    from pkb_tui.generate.cli import add_parsers as add_generate_parsers
+
+    add_generate_parsers(sub)  # generate, generations
     return parser
 
 
@@ -121,6 +131,12 @@ def _activate_pkb(args: argparse.Namespace) -> None:
         activate(args.pkb_root)
     if getattr(args, "backend", None):
         os.environ["PKB_BACKEND"] = args.backend
+
+
+def _basis_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--speedup-basis", choices=["eager", "graph"], default="eager",
+                        help="which timing the speedup uses: eager (per call as an eager program pays it, the "
+                             "default) or graph (the call replayed in a CUDA graph)")
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -230,7 +246,8 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         tasks=task_ids, models=_split(args.model), world_size=args.world_size,
         mode=mode, dtype=dtype, size=args.size,
         trials=args.trials, timeout_s=args.timeout, timing=not args.no_timing, warmup=args.warmup,
-        iterations=args.iterations, profile=not args.no_profile, seed=args.seed, extra=extra,
+        iterations=args.iterations, profile=not args.no_profile, seed=args.seed, speedup_basis=args.speedup_basis,
+        extra=extra,
     )
     launcher = Launcher(db)
     Store(launcher.db_path).close()  # a bad --db fails here, before anything launches
@@ -240,7 +257,7 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     outcome = launcher.run(request, on_event=progress)
     progress.done()
     with Store(launcher.db_path) as store:
-        runs = [_run_summary(store.run(run_id)) for run_id in outcome.run_ids]
+        runs = [_run_summary(store.run(run_id, basis=args.speedup_basis)) for run_id in outcome.run_ids]
     if args.json:
         json.dump({"db": str(launcher.db_path), "runs": runs, "skipped": not_runnable + outcome.skipped}, out, indent=2,
                   default=_json_default)
@@ -292,13 +309,20 @@ class _Progress:
 
 
 def _run_summary(run: dict[str, Any]) -> dict[str, Any]:
-    """The per-run JSON document of `run --json` and `show --json` (a stable public shape)."""
+    """The per-run JSON document of `run --json` and `show --json` (a stable public shape; fields
+    are only ever added). median_us / speedup hold the figure of timing_method (eager or graph)."""
+    from pkb_tui.engine.modes import CPU_MODE_LABEL
+
     results = run.get("results", {})
     baseline, candidate = results.get("baseline", {}), results.get("candidate", {})
     keep = ("correct", "trials_passed", "trials_total", "max_abs_error", "max_rel_error", "worst_rank",
             "median_us", "p10_us", "p90_us", "mean_us", "min_us", "max_us", "iterations", "bus_bandwidth_gbps",
             "roofline_floor_us", "roofline_fraction", "roofline_bound", "bandwidth_source",
-            "link_bytes_per_iter", "pcie_bytes_per_iter", "traffic_flag", "traffic")
+            "link_bytes_per_iter", "pcie_bytes_per_iter", "traffic_flag", "traffic",
+            "timing_method", "rounds", "eager_median_us", "eager_p10_us", "eager_p90_us", "graph_median_us",
+            "graph_p10_us", "graph_p90_us", "graph_note", "roofline_latency_us")
+    interval = ("speedup_low", "speedup_high", "speedup_eager", "speedup_eager_low", "speedup_eager_high",
+                "speedup_graph", "speedup_graph_low", "speedup_graph_high", "speedup_note", "noise_floor_fraction")
     return {
         "id": run["id"], "task": run["task_id"], "model": run["model"], "status": run["status"],
         "status_detail": run.get("status_detail"), "mode": run["mode"], "world_size": run["world_size"],
@@ -307,15 +331,31 @@ def _run_summary(run: dict[str, Any]) -> dict[str, Any]:
         "baseline": {k: baseline.get(k) for k in keep} if baseline else None,
         "candidate": {k: candidate.get(k) for k in keep} if candidate else None,
         "speedup": candidate.get("speedup") if candidate else None,
-        "timings_representative": bool(run.get("timings_representative")),
+        **{k: candidate.get(k) if candidate else None for k in interval},
+        "within_noise": None if not candidate or candidate.get("within_noise") is None else bool(candidate["within_noise"]),
+        "speedup_basis": (candidate or baseline or {}).get("timing_method") or "eager",
+        "timings_representative": bool(run.get("timings_representative")) and run["mode"] != "cpu",
+        "measurement_note": CPU_MODE_LABEL if run["mode"] == "cpu" else None,
         "mps_enabled": None if run.get("mps_enabled") is None else bool(run["mps_enabled"]),
         "notes": run.get("notes") or [], "log_path": run.get("log_path"), "trace_path": run.get("trace_path"),
         "started_at": run.get("started_at"), "finished_at": run.get("finished_at"),
     }
 
 
+def _speedup_text(speedup: float | None, low: float | None, high: float | None, within_noise: Any = None) -> str:
+    """1.52x [1.47, 1.58], "~noise" appended when the host's noise could explain it."""
+    if not speedup:
+        return "-"
+    text = f"{speedup:.2f}x"
+    if low is not None and high is not None:
+        text += f" [{low:.2f}, {high:.2f}]"
+    return text + (" ~noise" if within_noise else "")
+
+
 def _print_runs_table(runs: list[dict[str, Any]], out: TextIO) -> None:
-    header = ("run", "task", "model", "status", "trials", "baseline µs", "candidate µs", "speedup", "roofline")
+    basis = {r.get("speedup_basis") or "eager" for r in runs}
+    label = f" ({basis.pop()})" if len(basis) == 1 else ""
+    header = ("run", "task", "model", "status", "trials", f"baseline µs{label}", "candidate µs", "speedup", "roofline")
     rows = []
     for r in runs:
         b, c = r.get("baseline") or {}, r.get("candidate") or {}
@@ -323,13 +363,29 @@ def _print_runs_table(runs: list[dict[str, Any]], out: TextIO) -> None:
         rows.append((
             str(r["id"]), r["task"], r["model"], f"{STATUS_MARKS.get(r['status'], '?')} {r['status']}", trials,
             _num(b.get("median_us")), _num(c.get("median_us")),
-            f"{r['speedup']:.2f}x" if r.get("speedup") else "-",
-            f"{c['roofline_fraction'] * 100:.1f}%" if c.get("roofline_fraction") is not None else "-",
+            _speedup_text(r.get("speedup"), r.get("speedup_low"), r.get("speedup_high"), r.get("within_noise")),
+            "cpu: n/a" if r.get("mode") == "cpu" else
+            (f"{c['roofline_fraction'] * 100:.1f}%" if c.get("roofline_fraction") is not None else "-"),
         ))
     _print_table(header, rows, out)
     for r in runs:
         if r["status"] not in ("passed",) and r.get("status_detail"):
             out.write(f"run {r['id']} ({r['task']} / {r['model']}): {r['status_detail'].splitlines()[0][:200]}\n")
+        if c_note := (r.get("candidate") or {}).get("graph_note"):
+            out.write(f"run {r['id']} ({r['task']} / {r['model']}): no graph figure: {c_note}\n")
+    _cpu_note(runs, out)
+    if any(r.get("within_noise") for r in runs):
+        out.write("~noise: the speedup's interval reaches into this host's self-check spread (`pkb-tui calibrate`)\n")
+
+
+def _cpu_note(runs: list[dict[str, Any]], out: TextIO) -> None:
+    """One line naming the cpu-mode runs: their figures are for development, not a measurement."""
+    from pkb_tui.engine.modes import CPU_MODE_LABEL
+
+    cpu = [str(r["id"]) for r in runs if r.get("mode") == "cpu"]
+    if cpu:
+        out.write(f"{CPU_MODE_LABEL} (run{'s' if len(cpu) > 1 else ''} {', '.join(cpu)}: gloo on a shared CPU; "
+                  "no roofline or bus bandwidth)\n")
 
 
 def _print_table(header: Sequence[str], rows: list[Sequence[str]], out: TextIO) -> None:
@@ -463,12 +519,12 @@ def cmd_models(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     models = list_models()
     if args.json:
         json.dump([{
-            "name": m.name, "path": str(m.path) if m.path else None, "manifest": m.manifest,
+            "name": m.name, "label": m.label, "path": str(m.path) if m.path else None, "manifest": m.manifest,
             "tasks": m.covers(task_ids),
         } for m in models], out, indent=2)
         out.write("\n")
         return EXIT_OK
-    rows = [(m.name, f"{len(m.covers(task_ids))}/{len(task_ids)}", m.manifest.get("backend", "-"),
+    rows = [(m.display_name, f"{len(m.covers(task_ids))}/{len(task_ids)}", m.manifest.get("backend", "-"),
              m.manifest.get("provider", "-"), m.manifest.get("model", "-") if m.pkb is not None else "-",
              str(m.path or "(built in)")) for m in models]
     _print_table(("model", "tasks", "backend", "provider", "model slug", "path"), rows, out)
@@ -482,7 +538,9 @@ def cmd_runs(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from pkb_tui.store import Store
 
     with Store(db) as store:
-        rows = store.runs(task=args.task, model=args.model, status=args.status, limit=args.limit)
+        rows = store.runs(task=args.task, model=args.model, status=args.status, limit=args.limit, basis=args.speedup_basis)
+    for row in rows:
+        row["measurement_note"] = _measurement_note(row["mode"])
     if args.json:
         json.dump(rows, out, indent=2, default=_json_default)
         out.write("\n")
@@ -490,9 +548,11 @@ def cmd_runs(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     table = [(
         str(r["id"]), _when(r["created_at"]), r["task_id"], r["model"], f"{STATUS_MARKS.get(r['status'], '?')} {r['status']}",
         r["mode"], str(r["world_size"]), _num(r["baseline_median_us"]), _num(r["candidate_median_us"]),
-        f"{r['speedup']:.2f}x" if r.get("speedup") else "-",
+        _speedup_text(r.get("speedup"), r.get("speedup_low"), r.get("speedup_high"), r.get("within_noise")),
     ) for r in rows]
-    _print_table(("run", "when", "task", "model", "status", "mode", "ranks", "baseline µs", "candidate µs", "speedup"), table, out)
+    _print_table(("run", "when", "task", "model", "status", "mode", "ranks", "baseline µs", "candidate µs",
+                  f"speedup ({args.speedup_basis})"), table, out)
+    _cpu_note(rows, out)
     return EXIT_OK
 
 
@@ -524,11 +584,17 @@ def cmd_board(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _measurement_note(mode: str) -> str | None:
+    from pkb_tui.engine.modes import CPU_MODE_LABEL
+
+    return CPU_MODE_LABEL if mode == "cpu" else None
+
+
 def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from pkb_tui.store import Store
 
     with Store(db) as store:
-        run = store.run(args.run_id)
+        run = store.run(args.run_id, basis=args.speedup_basis)
     summary = _run_summary(run)
     if args.json:
         json.dump({**summary, "trials": run["trial_results"], "kernels": run["kernels"], "host": run["host"],
@@ -574,13 +640,23 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
     from pkb_tui.engine.calibrate import calibrate_command
     from pkb_tui.store import default_db_path
 
-    return calibrate_command(str(db or default_db_path()), args.json, args.quick, out=out)
+    return calibrate_command(str(db or default_db_path()), args.json, args.quick, out=out, noise=not args.no_noise,
+                             noise_only=args.noise_only)
 
 
 COMMANDS = {
     "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show, "board": cmd_board,
     "monitor": cmd_monitor, "calibrate": cmd_calibrate,
 }
+
+
+def _generate_commands() -> None:
+    from pkb_tui.generate.cli import COMMANDS as GENERATE_COMMANDS
+
+    COMMANDS.update(GENERATE_COMMANDS)
+
+
+_generate_commands()
 
 
 if __name__ == "__main__":

@@ -72,6 +72,83 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+# busbw = algbw x factor, the nccl-tests convention (its doc/PERFORMANCE.md), so figures compare with
+# that tool's. "payload" is nccl-tests' size: the whole buffer for all-reduce / broadcast / reduce,
+# the whole gathered (all-gather) or whole input (reduce-scatter) buffer, the whole send buffer for
+# all-to-all / gather / scatter. sendrecv: one peer exchange (halo, pipeline), what a rank sends.
+_BUS_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "sendrecv": lambda n: 1.0,
+}
+BUS_FACTOR_KINDS = tuple(_BUS_FACTORS)
+
+
+def bus_factor(kind: str, world_size: int) -> float:
+    """The factor from algorithm bandwidth to bus bandwidth for a ``kind`` of communication.
+
+    0 at one rank for every kind: nothing crosses a link, so no bus bandwidth is claimed (nccl-tests'
+    own formulas give 0 there for all but broadcast / reduce / sendrecv, whose 1 would credit a local
+    copy as link traffic). Every task's traffic() takes its factor from here.
+    """
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    if kind not in _BUS_FACTORS:
+        raise KeyError(f"no bus factor for {kind!r}; known: {', '.join(_BUS_FACTORS)}")
+    if world_size == 1:
+        return 0.0
+    return float(_BUS_FACTORS[kind](world_size))
+
+
+@dataclass(frozen=True)
+class OutputTolerance:
+    """How far one output of a candidate may be from the truth, in units of the baseline's own error.
+
+    The judge has three versions of each output: the candidate's, the baseline's in the run dtype
+    (``expected``) and the baseline's on float64 copies of the same inputs (the truth ``t``, to
+    float64 rounding). Per element, e_c = |candidate - t| and e_b = |expected - t|. Element-wise
+    ratios cannot be used: an honest kernel that sums in another order has errors of the same
+    size as the baseline's but at other elements, and the baseline is exact at many elements by
+    luck. So two statistics of the whole output are compared:
+
+      typical: median e_c / (|t| + tau) <= k * median e_b / (|t| + tau) + floor_ulps * eps * f + floor_relative
+      worst:   max e_c <= k * max e_b + (floor_ulps * eps + floor_relative) * max |t|
+
+    tau = 1e-3 * RMS(t) (relative errors near zero stay finite); eps the machine epsilon of the
+    output's dtype; f = max(1/8, 1/sqrt(elements)).
+
+    Why: the median of relative errors is what a loss of precision moves (int8 or fp8 transport,
+    a skipped term: most elements get worse) and is stable over many elements however badly a
+    few cancel; the maximum catches a wrong block, row or element that the median ignores.
+    k = 3: a ring summing in the run dtype has up to ~2.5x the median error of fp32 accumulation
+    at 8 ranks (measured on bf16 sums; two orders of one kind differ by < 1.3x), while int8
+    transport with one scale per 32 elements has ~8x the median error of one bf16 rounding on
+    Gaussian values, and far more with outliers (TaskContext.randn_outliers). floor_ulps: outputs
+    of a few elements (a loss) may be exact in the baseline by luck, so a whole ulp there; over
+    many elements the median relative error of a correctly rounded result is ~eps/8, so an eighth.
+    floor_relative (1e-6, 8 float32 ulps, nothing in bf16/fp16): in float32 a baseline that
+    rounds once can be 2-6x closer to the truth than an honest kernel rounding along a chain of
+    operations (measured, baselines against the once-rounded maths: up to 4.3e-7); every wrong
+    step is far above it (int8 ~1e-2, a 1e-3 offset, a dropped term). All zero (EXACT_OUTPUT)
+    with an exact baseline (movement, sorting, selection): bit-exact. Complex outputs count as
+    (real, imag) pairs; integer and bool outputs must be equal.
+    """
+
+    k: float = 3.0
+    floor_ulps: float = 1.0
+    floor_relative: float = 1e-6
+
+
+DEFAULT_OUTPUT_TOLERANCE = OutputTolerance()
+EXACT_OUTPUT = OutputTolerance(k=0.0, floor_ulps=0.0, floor_relative=0.0)  # movement and selection: bit-exact
+
+
 @dataclass(frozen=True)
 class Traffic:
     """The roofline model of one rank for one call.
@@ -84,6 +161,9 @@ class Traffic:
     dtype is float32: convolutions (torch.backends.cudnn.allow_tf32 is on by default; matmuls'
     allow_tf32 is off). The compute floor counts them at the TF32 rate, else a float32 baseline
     convolution beats its own floor.
+    messages: how many per-message latencies (alpha) the fastest algorithm must pay one after
+    another (1 unless a task declares more: a pipeline of dependent exchanges). The roofline's wire
+    term is messages x alpha + wire_bytes / link bandwidth.
     """
 
     send_bytes: int
@@ -93,6 +173,7 @@ class Traffic:
     payload_bytes: int = 0
     bus_factor: float = 1.0
     tf32_flops: int = 0
+    messages: int = 1  # dependent messages in a row on the critical path: the roofline's latency term counts alpha per message
     source: str = ""  # "" for a hand-written model; "measured from the baseline's calls" (engine/interposer.py)
 
     @property
@@ -113,6 +194,9 @@ class TaskSpec:
     sizes: dict[str, dict[str, Any]]  # "small" (CPU, tests), "default" (8-GPU box), "large"
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
     tolerances: dict[str, Tolerance] = field(default_factory=dict)  # missing dtypes: defaults
+    # Per output, by path ("" a lone tensor, "0" / "loss" an item, "grads/1" nested; "*" any
+    # other): how far from the truth relative to the baseline's own error (see OutputTolerance).
+    output_tolerances: dict[str, OutputTolerance] = field(default_factory=dict)
     world_sizes: tuple[int, ...] | None = None  # None: any world size >= 1
     min_world_size: int = 1
     modes: tuple[str, ...] = MODES
@@ -120,6 +204,17 @@ class TaskSpec:
 
     def tolerance(self, dtype: str) -> Tolerance:
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES[dtype])
+
+    def output_tolerance(self, path: str) -> OutputTolerance:
+        """The tolerance of the output at ``path``: its own, else the task's "*", else the default."""
+        return self.output_tolerances.get(path, self.output_tolerances.get("*", DEFAULT_OUTPUT_TOLERANCE))
+
+
+def accumulate_dtype(tensor: torch.Tensor | torch.dtype) -> torch.dtype:
+    """float32 for half-precision tensors (the fp32 accumulation the task prescribes), the
+    tensor's own dtype when wider: the judge runs baselines on float64 copies of the inputs to
+    get the truth, and a hard-coded .float() there would cut it to float32 precision."""
+    return torch.promote_types(tensor if isinstance(tensor, torch.dtype) else tensor.dtype, torch.float32)
 
 
 @dataclass
@@ -158,6 +253,25 @@ class TaskContext:
         gen = self.generator(stream)
         out = torch.randn(*shape, generator=gen, device=self.device, dtype=torch.float32)
         return out.to(dtype or self.dtype)
+
+    def randn_outliers(self, *shape: int, stream: int = 0, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """randn with a log-normal magnitude per element, the same element scale on every rank
+        (a parameter's gradient is large or small on all ranks alike): RMS ~1, the median element
+        ~0.1 of it, the largest ~10x. Real gradients and activations have such outlier channels,
+        and they are what int8 or fp8 transport destroys: a block's scale is set by its largest
+        element, so the small ones keep a few bits, while the dtype keeps its relative precision
+        everywhere. With uniform magnitudes, bf16 rounding and int8 per 32 elements lose about
+        the same."""
+        values = self.randn(*shape, stream=stream, dtype=torch.float32) * self.outlier_scales(*shape, stream=stream)
+        return values.to(dtype or self.dtype)
+
+    def outlier_scales(self, *shape: int, stream: int = 0) -> torch.Tensor:
+        """float32 log-normal magnitudes, the same on every rank: RMS ~1, median ~0.1, max ~10.
+        Multiply a weight's output features (or a tensor's channels) by them to give a layer's
+        outputs the outlier channels real models have (see randn_outliers for why)."""
+        z = torch.randn(*shape, generator=self.shared_generator(stream=1000 + stream), device=self.device,
+                        dtype=torch.float32)
+        return torch.exp(1.5 * z.clamp(-3, 3) - 2.25)
 
     def randint(self, low: int, high: int, shape: tuple[int, ...], *, stream: int = 0) -> torch.Tensor:
         gen = self.generator(stream)

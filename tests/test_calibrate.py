@@ -173,7 +173,7 @@ def test_one_gpu_skips_the_pairs_and_the_sweep_with_reasons(monkeypatch, tmp_pat
         rows = cal.calibrate(store, host_id, quick=True)
         stored = store.latest_calibration(host_id)
     skipped = {r["kind"]: r["skipped"] for r in rows if r["bandwidth_gbps"] is None}
-    assert set(skipped) == {"peer_copy_engine", "peer_sm", "allreduce_busbw"}
+    assert set(skipped) == {"peer_copy_engine", "peer_sm", "allreduce_busbw", "link_latency"}
     assert "one GPU" in skipped["allreduce_busbw"]
     assert set(stored) == {"device_copy", "host_copy"}  # skipped rows are not stored
     table = cal.format_table({"gpu_count": 1, "gpu_model": "NVIDIA H200"}, rows, cal.datasheet_for({"gpu_model": "NVIDIA H200", "gpu_count": 1}))

@@ -79,7 +79,7 @@ def test_hung_and_crashing_candidates_end_their_runs_and_the_batch_goes_on(cli, 
     assert statuses == {("all_reduce", "crash"): "error", ("all_reduce", "hang"): "timeout", ("broadcast", "hang"): "passed"}
     assert any("crash has no solution for task broadcast" in s for s in doc["skipped"])
     crash = next(r for r in doc["runs"] if r["model"] == "crash")
-    assert "died" in crash["status_detail"]
+    assert "exited with code 13" in crash["status_detail"]
     with Store(tmp_db) as store:
         batch = {r["batch_id"] for r in store.runs(limit=None)}
         assert len(batch) == 1

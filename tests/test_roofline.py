@@ -93,13 +93,13 @@ def test_shared_gpu_mode_uses_the_gpus_own_memory_as_the_link():
     assert "share one GPU" in bw.link_source
 
 
-def test_cpu_mode_uses_a_host_memory_figure_said_to_be_nominal():
-    bw = bandwidths_for({"gpu_model": None, "gpu_count": 0, "topology": None}, {}, "cpu", 2)
+def test_cpu_mode_claims_no_roofline_and_no_bus_bandwidth_and_says_what_it_is():
+    bw = bandwidths_for({"gpu_model": None, "gpu_count": 0, "topology": None}, {"host_copy": 11.0}, "cpu", 2)
     assert bw.link_kind == "host-shared-memory"
-    assert bw.memory_gbps == roofline.HOST_MEMORY_NOMINAL_GBPS
-    assert "nominal host memory" in bw.memory_source and "do not represent" in bw.memory_source
-    measured = bandwidths_for({"gpu_model": None, "gpu_count": 0}, {"host_copy": 11.0}, "cpu", 2)
-    assert measured.memory_gbps == 11.0 and "calibrated" in measured.memory_source
+    assert bw.memory_gbps is None and bw.link_gbps is None and bw.peak_tflops == {}
+    result = evaluate(Traffic(4_000, 4_000, 8_000, flops=10**6, payload_bytes=4_000, bus_factor=1.0), 50.0, bw, "float32")
+    assert result.floor_us is None and result.fraction is None and result.bus_bandwidth_gbps is None
+    assert result.bandwidth_source.startswith("cpu: for development, not a measurement")
 
 
 def test_unknown_gpu_without_calibration_has_no_figure_and_says_how_to_get_one():
@@ -152,7 +152,7 @@ def test_no_time_gives_no_fraction():
     [
         ("all_reduce", 8, 2 * 7 / 8), ("all_reduce", 2, 1.0), ("all_gather", 8, 7 / 8),
         ("reduce_scatter", 4, 3 / 4), ("all_to_all", 8, 7 / 8), ("broadcast", 8, 1.0), ("reduce", 4, 1.0),
-        ("gather", 4, 3 / 4), ("scatter", 8, 7 / 8), ("all_reduce", 1, 1.0),
+        ("gather", 4, 3 / 4), ("scatter", 8, 7 / 8), ("all_reduce", 1, 0.0), ("broadcast", 1, 0.0), ("sendrecv", 1, 0.0),
     ],
 )
 def test_bus_factors_follow_nccl_tests(collective, n, factor):
@@ -209,3 +209,64 @@ def test_a_runs_stored_traffic_keeps_the_tf32_share(cli, tmp_db):
     assert result.code == 0, result.err
     traffic = result.json()["runs"][0]["baseline"]["traffic"]
     assert traffic["flops"] > 0 and traffic["tf32_flops"] == traffic["flops"]
+
+
+def _nvlink_bw(alpha: float | None = 2.0) -> Bandwidths:
+    return Bandwidths(link_gbps=450.0, memory_gbps=4800.0, peak_tflops={}, link_source="L", memory_source="M",
+                      link_kind="nvlink", latency_us=alpha, latency_source="A")
+
+
+def test_a_small_message_has_a_latency_floor_not_zero_percent():
+    # 40 kB all-reduce share: 40e3 B / 450 GB/s = 0.089 us of bytes, 2 us of latency
+    result = evaluate(Traffic(40_000, 40_000, 0), 10.0, _nvlink_bw(), "float32")
+    assert result.bound == "latency"
+    assert result.floor_us == pytest.approx(2.0 + 40_000 / 450e3)
+    assert result.latency_us == 2.0 and result.result_fields()["roofline_latency_us"] == 2.0
+    assert result.fraction == pytest.approx(result.floor_us / 10.0)
+    assert "latency 2 us x 1 message(s): A" in result.bandwidth_source
+
+
+def test_declared_messages_multiply_the_latency_and_big_messages_stay_wire_bound():
+    chain = evaluate(Traffic(1_000, 1_000, 0, messages=3), 100.0, _nvlink_bw(), "float32")
+    assert chain.latency_us == 6.0 and chain.floor_us == pytest.approx(6.0 + 1_000 / 450e3)
+    big = evaluate(Traffic(450_000_000, 450_000_000, 0), 2000.0, _nvlink_bw(), "float32")
+    assert big.bound == "wire" and big.floor_us == pytest.approx(1002.0)
+
+
+def test_latency_is_calibrated_when_measured_else_a_default_said_to_be_one():
+    default = bandwidths_for(H200_HOST, {}, "nccl", 8)
+    assert default.latency_us == roofline.DEFAULT_LINK_LATENCY_US
+    assert "no datasheet" in default.latency_source and "pkb-tui calibrate" in default.latency_source
+    measured = bandwidths_for(H200_HOST, {}, "nccl", 8, latency={"latency_us": 3.5, "measured_at": 1_800_000_000})
+    assert measured.latency_us == 3.5 and measured.latency_source.startswith("calibrated 20")
+    one_rank = bandwidths_for(H200_HOST, {}, "nccl", 1)
+    assert one_rank.latency_us is None  # nothing crosses a link
+
+
+def test_every_task_takes_its_bus_factor_from_the_one_function_and_it_is_zero_at_one_rank():
+    from tasks.base import BUS_FACTOR_KINDS, all_tasks, bus_factor
+
+    at_one = []
+    for task in all_tasks().values():
+        for n in (1, 2, 4, 8):
+            try:
+                task.check_request(world_size=n, mode="nccl", dtype=task.spec.dtypes[0], size="small")
+            except Exception:
+                continue
+            traffic = task.traffic(task.context(rank=0, world_size=n, dtype=task.spec.dtypes[0], size="small"))
+            assert traffic.bus_factor in {bus_factor(k, n) for k in BUS_FACTOR_KINDS}, (task.id, n)
+            if n == 1:
+                at_one.append(task.id)
+                assert traffic.bus_factor == 0.0, task.id
+                result = evaluate(traffic, 10.0, _nvlink_bw(), task.spec.dtypes[0])
+                assert result.bus_bandwidth_gbps is None, task.id
+    assert "all_reduce" in at_one and "broadcast" in at_one
+
+
+def test_pipelines_declare_their_chain_of_dependent_messages():
+    forward = load_task("pp_send_recv_microbatches")
+    one_f_one_b = load_task("pp_1f1b_exchange")
+    assert forward.traffic(forward.context(rank=0, world_size=4, dtype="float32", size="small")).messages == 3
+    assert one_f_one_b.traffic(one_f_one_b.context(rank=0, world_size=4, dtype="float32", size="small")).messages == 6
+    assert load_task("all_reduce").traffic(load_task("all_reduce").context(rank=0, world_size=4, dtype="float32",
+                                                                           size="small")).messages == 1

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import tasks
-from pkb_tui.engine.compare import compare_outputs, find_aliasing
+from pkb_tui.engine.compare import compare_outputs, find_aliasing, float64_copies, judge_outputs
 from pkb_tui.engine.solutions import find_model
 from tests._dist import run_distributed
 
@@ -48,6 +48,10 @@ def _one_call(task, solution, rank: int, world_size: int, seed: int, params: dic
     got = solution(*inputs)
     expected = task.reference([task.make_inputs(ctx.for_rank(r)) for r in range(world_size)], ctx)[rank]
     cmp = compare_outputs(got, expected, task.spec.tolerance("float32"))
+    # The judge's way too: against the baseline's own error, its truth from float64 copies.
+    baseline_out = task.baseline(*[t.clone() for t in untouched])
+    truth = task.baseline(*float64_copies(untouched))
+    cmp = cmp.merge(judge_outputs(got, baseline_out, truth, task.spec.output_tolerance))
     problems = [cmp.message] if not cmp.correct else []
     if (aliasing := find_aliasing(got, inputs)) is not None:
         problems.append(aliasing)

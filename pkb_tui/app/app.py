@@ -39,6 +39,7 @@ class PkbApp(App[int]):
         Binding("v", "show('live')", "Live", show=False),
         Binding("h", "show('history')", "History", show=False),
         Binding("m", "show('monitor')", "Monitor", show=False),
+        Binding("G", "show('generate')", "Generate", show=False),
         Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
         Binding("ctrl+q", "quit", "Quit", show=False, priority=True),
@@ -66,13 +67,14 @@ class PkbApp(App[int]):
         return Screen()
 
     def on_mount(self) -> None:
+        from pkb_tui.app.screens.generate import GenerateScreen
         from pkb_tui.app.screens.history import HistoryScreen
         from pkb_tui.app.screens.launch import LaunchScreen
         from pkb_tui.app.screens.live import LiveScreen
         from pkb_tui.app.screens.monitor import MonitorScreen
 
         for mode, screen_class in (("launch", LaunchScreen), ("live", LiveScreen), ("history", HistoryScreen),
-                                   ("monitor", MonitorScreen)):
+                                   ("monitor", MonitorScreen), ("generate", GenerateScreen)):
             self.add_mode(mode, self._fresh(screen_class))
         self.switch_mode("launch")
 

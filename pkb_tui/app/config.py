@@ -38,3 +38,4 @@ class AppConfig:
     chart_refresh_s: float = 0.5  # plotext panels at 2 Hz at most
     history_page: int = 100  # runs loaded at a time in History (more as the cursor nears the end)
     defaults: dict[str, Any] = field(default_factory=dict)  # launch options preset (world_size, mode, ...)
+    speedup_basis: str = "eager"  # which timing speedups and the leaderboard use: eager or graph (History: e)

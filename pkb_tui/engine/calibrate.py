@@ -8,8 +8,15 @@ Kinds written to the calibrations table (bandwidth in GB/s = 1e9 bytes/s, one di
 - peer_copy_engine (gpu_a -> gpu_b): cudaMemcpy between two GPUs (DMA engines, no SMs), bytes moved.
 - peer_sm (gpu_a -> gpu_b): a kernel on gpu_b pulling gpu_a's memory with 16-byte loads.
 - allreduce_busbw: an NCCL all-reduce sweep over message sizes at world size = GPU count; the
-  figure is the best bus bandwidth (nccl-tests convention), the sweep is in detail.
-roofline.bandwidths_for reads them back through Store.latest_calibration.
+  figure is the best bus bandwidth (nccl-tests convention), the sweep is in detail. Each size is
+  timed nccl-tests' way: many calls back to back between one event pair, so a small message's time
+  is the collective's and not the host's launch cost.
+- link_latency (latency_us): the per-message latency alpha of the roofline, from the sweep's
+  smallest message (see link_latency_from_sweep).
+- noise_floor (noise_floor_fraction, per mode): the baseline timed against itself through the
+  normal launcher (``--model baseline``) on a few tasks; how far the self-checks stray from 1.0x.
+roofline.bandwidths_for reads them back through Store.latest_calibration / latest_link_latency;
+the launcher judges "within noise" by Store.latest_noise_floor.
 """
 
 from __future__ import annotations
@@ -32,12 +39,17 @@ from pkb_tui.errors import EXIT_OK, EXIT_USAGE, PkbError
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-DEFAULT_ALLREDUCE_SIZES = (1 * MiB, 16 * MiB, 128 * MiB, 512 * MiB, 1 * GiB)
-QUICK_ALLREDUCE_SIZES = (16 * MiB, 256 * MiB)
+# The small sizes give the per-message latency; the large ones the bandwidth.
+LATENCY_SIZES = (8, 1024, 8 * 1024)
+DEFAULT_ALLREDUCE_SIZES = (*LATENCY_SIZES, 64 * 1024, 1 * MiB, 16 * MiB, 128 * MiB, 512 * MiB, 1 * GiB)
+QUICK_ALLREDUCE_SIZES = (*LATENCY_SIZES, 16 * MiB, 256 * MiB)
+# The self-check of the noise floor: the eight collectives at size small (latency-bound on a GPU,
+# a few ms on gloo), the baseline as its own candidate.
+NOISE_TASKS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter")
 NO_GPU_MESSAGE = (
     "pkb-tui calibrate measures GPU memory, peer links and NCCL, and this machine has no GPU visible "
     "to torch (torch.cuda.is_available() is False); nothing was measured. Run it on the GPU box; "
-    "cpu-mode results use a nominal host-memory figure instead."
+    "cpu-mode results have no roofline. `pkb-tui calibrate --noise-only` measures this box's cpu-mode noise floor."
 )
 # Never switch NVLink multicast (NVLS) on: on a shared host it can take the GPUs out of service.
 SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -269,6 +281,24 @@ def measure_peer_sm_gbps(src_gpu: int, dst_gpu: int, nbytes: int, iterations: in
     return nbytes / seconds / 1e9
 
 
+def _time_back_to_back(fn: Callable[[], None], device: int, calls: int, repeats: int = 5, warmup: int = 5) -> list[float]:
+    """Seconds per call, nccl-tests' way: ``calls`` calls between one event pair, ``repeats`` times."""
+    with torch.cuda.device(device):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize(device)
+        per_call = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            per_call.append(start.elapsed_time(end) / 1e3 / calls)
+        return per_call
+
+
 def _allreduce_rank(rank: int, world: int, port: int, sizes: tuple[int, ...], iterations: int, queue) -> None:
     os.environ.update(SAFE_NCCL_ENV)
     import torch.distributed as dist
@@ -278,9 +308,11 @@ def _allreduce_rank(rank: int, world: int, port: int, sizes: tuple[int, ...], it
     try:
         sweep = []
         for size in sizes:
-            x = torch.randn(size // 4, device=rank)
-            times = _time_device(lambda: dist.all_reduce(x), rank, iterations, warmup=5)
-            mean = torch.tensor([sum(times) / len(times)], device=rank, dtype=torch.float64)
+            x = torch.randn(max(1, size // 4), device=rank)
+            # small messages: enough calls back to back that the window holds ~ms of work
+            calls = 200 if size <= 1 * MiB else iterations
+            times = _time_back_to_back(lambda: dist.all_reduce(x), rank, calls)
+            mean = torch.tensor([statistics.median(times)], device=rank, dtype=torch.float64)
             dist.all_reduce(mean, op=dist.ReduceOp.MAX)  # the slowest rank's time, as nccl-tests
             seconds = float(mean.item())
             algbw = size / seconds / 1e9
@@ -321,6 +353,71 @@ def measure_allreduce_sweep(world: int, sizes: tuple[int, ...], iterations: int 
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def link_latency_from_sweep(sweep: list[dict[str, Any]], world: int) -> tuple[float, dict[str, Any]] | None:
+    """The per-message latency alpha (us) from an all-reduce sweep, or None without a small message.
+
+    The smallest message's all-reduce time is pure latency; NCCL's ring spends it in 2(n-1)
+    dependent steps of one message each (its tree fewer, longer ones), so that time over 2(n-1)
+    is at most one message's latency on this link. Dividing by the most steps keeps alpha low,
+    so a kernel that beats NCCL's small all-reduce still finds the floor under it.
+    """
+    small = [p for p in sweep if p["size_bytes"] <= max(LATENCY_SIZES)]
+    if not small or world < 2:
+        return None
+    smallest = min(small, key=lambda p: p["size_bytes"])
+    steps = 2 * (world - 1)
+    return smallest["time_us"] / steps, {
+        "from": "NCCL all-reduce sweep", "size_bytes": smallest["size_bytes"], "allreduce_time_us": smallest["time_us"],
+        "steps": steps, "method": "smallest message's per-call time (back to back) / 2(n-1) ring steps",
+    }
+
+
+def measure_noise_floor(
+    db_path: str, mode: str, world_size: int, *, tasks: tuple[str, ...] | None = None, size: str = "small",
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Time the baseline against itself through the normal launcher and return a noise_floor row
+    (host_id set to the host the runs recorded, which in cpu mode is the GPU-less view of this box).
+
+    The floor is the largest distance of any self-check's speedup from 1.0 (stats.noise_floor_from_selfchecks):
+    a candidate whose interval reaches into [1/(1+f), 1+f] could be this box's noise.
+    """
+    from pkb_tui.engine import stats
+    from pkb_tui.engine.launcher import Launcher
+    from pkb_tui.engine.request import RunRequest
+    from pkb_tui.store.store import Store
+
+    say = progress or (lambda _msg: None)
+    tasks = tasks or NOISE_TASKS
+    say(f"noise floor: the baseline against itself, {len(tasks)} tasks at size {size}, {mode} x{world_size}")
+    request = RunRequest(tasks=list(tasks), models=["baseline"], world_size=world_size, mode=mode, size=size,
+                         trials=1, profile=False, telemetry=False, timeout_s=600.0)
+    outcome = Launcher(db_path).run(request)
+    per_task: dict[str, Any] = {}
+    estimates = []
+    host_id = None
+    with Store(db_path) as store:
+        for run_id in outcome.run_ids:
+            run = store.run(run_id)
+            host_id = host_id or run.get("host_id")
+            candidate = run["results"].get("candidate") or {}
+            point = candidate.get("speedup")
+            if run["status"] != "passed" or not point:
+                per_task[run["task_id"]] = {"run_id": run_id, "status": run["status"]}
+                continue
+            low, high = candidate.get("speedup_low") or point, candidate.get("speedup_high") or point
+            estimates.append(stats.SpeedupEstimate(point, low, high, "", candidate.get("rounds") or 0, 0.95))
+            per_task[run["task_id"]] = {"run_id": run_id, "speedup": point, "low": low, "high": high}
+    floor = stats.noise_floor_from_selfchecks(estimates)
+    if floor is None:
+        statuses = ", ".join(f"{task}: {v.get('status')}" for task, v in per_task.items())
+        raise PkbError(f"The noise-floor self-check ran no task to the end ({statuses}); see `pkb-tui runs --model baseline`.")
+    return {"kind": "noise_floor", "noise_floor_fraction": floor, "mode": mode, "host_id": host_id,
+            "measured_at": time.time(), "gpu_a": None, "gpu_b": None, "size_bytes": None, "bandwidth_gbps": None,
+            "detail": {"world_size": world_size, "size": size, "tasks": per_task,
+                       "method": "baseline vs itself through the launcher; floor = max |speedup - 1| (as 1 - 1/x below 1)"}}
 
 
 def _free_port() -> int:
@@ -381,16 +478,34 @@ def calibrate(
         peak = max(sweep, key=lambda s: s["busbw_gbps"])
         rows.append(_row("allreduce_busbw", peak["busbw_gbps"], size_bytes=peak["size_bytes"], detail={
             "world_size": gpus, "sweep": sweep, "dtype": "float32",
-            "convention": "nccl-tests: busbw = size / time x 2(n-1)/n, slowest rank's mean time",
+            "convention": "nccl-tests: busbw = size / time x 2(n-1)/n, slowest rank's time, calls back to back",
         }))
+        latency = link_latency_from_sweep(sweep, gpus)
+        if latency is not None:
+            rows.append({"kind": "link_latency", "latency_us": latency[0], "size_bytes": latency[1]["size_bytes"],
+                         "gpu_a": None, "gpu_b": None, "bandwidth_gbps": None, "measured_at": time.time(),
+                         "detail": latency[1]})
+        else:
+            rows.append(_skipped("link_latency", "the sweep had no message small enough to be latency"))
     else:
         reason = "one GPU: no peer pair to measure"
         rows.append(_skipped("peer_copy_engine", reason))
         rows.append(_skipped("peer_sm", reason))
         rows.append(_skipped("allreduce_busbw", "one GPU: an all-reduce over one rank moves nothing over a link"))
+        rows.append(_skipped("link_latency", "one GPU: no link to measure"))
 
-    store.add_calibration(host_id, [r for r in rows if r["bandwidth_gbps"] is not None])
+    store.add_calibration(host_id, [r for r in rows if not r.get("skipped")])
     return rows
+
+
+def calibrate_noise(store: Any, host_id: int, mode: str, world_size: int, *, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure and store this host's noise floor in ``mode``; returns the row (or a skipped row)."""
+    try:
+        row = measure_noise_floor(str(store.path), mode, world_size, progress=progress)
+    except PkbError as exc:
+        return _skipped("noise_floor", str(exc))
+    store.add_calibration(row.pop("host_id") or host_id, [row])
+    return row
 
 
 def _row(kind: str, gbps: float, gpu_a: int | None = None, gpu_b: int | None = None, size_bytes: int | None = None,
@@ -402,6 +517,15 @@ def _row(kind: str, gbps: float, gpu_a: int | None = None, gpu_b: int | None = N
 def _skipped(kind: str, reason: str) -> dict[str, Any]:
     return {"kind": kind, "gpu_a": None, "gpu_b": None, "size_bytes": None, "bandwidth_gbps": None,
             "skipped": reason, "detail": None}
+
+
+def _figure_text(row: dict[str, Any]) -> str:
+    """A row's figure in its own unit: GB/s, us, or +-% for a noise floor."""
+    if row.get("latency_us") is not None:
+        return f"{row['latency_us']:.2f} us"
+    if row.get("noise_floor_fraction") is not None:
+        return f"+-{row['noise_floor_fraction']:.1%}"
+    return f"{row['bandwidth_gbps']:.1f}"
 
 
 # ---------------------------------------------------------------------- the command
@@ -421,9 +545,17 @@ def datasheet_for(facts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def calibrate_command(db_path: str | None, as_json: bool, quick: bool, out: TextIO = sys.stdout) -> int:
-    """`pkb-tui calibrate`: measure, store, print a table (or JSON). Returns the exit code."""
-    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+def calibrate_command(
+    db_path: str | None, as_json: bool, quick: bool, out: TextIO = sys.stdout, *, noise: bool = True,
+    noise_only: bool = False,
+) -> int:
+    """`pkb-tui calibrate`: measure, store, print a table (or JSON). Returns the exit code.
+
+    The GPU figures need a GPU; the noise floor (``noise``; alone with ``noise_only``) runs in nccl
+    mode over the visible GPUs (at most 8), or in cpu mode at world size 2 on a box without one.
+    """
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0 and not noise_only:
         if as_json:
             print(json.dumps({"error": NO_GPU_MESSAGE}), file=out)
         else:
@@ -433,9 +565,12 @@ def calibrate_command(db_path: str | None, as_json: bool, quick: bool, out: Text
 
     facts = host_facts()
     progress = None if as_json else (lambda msg: print(f"  measuring {msg} ...", file=sys.stderr, flush=True))
+    mode, world = ("nccl", min(gpus, 8)) if gpus else ("cpu", 2)
     with Store(db_path) as store:
         host_id = store.upsert_host(facts)
-        rows = calibrate(store, host_id, quick=quick, progress=progress)
+        rows = [] if noise_only else calibrate(store, host_id, quick=quick, progress=progress)
+        if noise or noise_only:
+            rows.append(calibrate_noise(store, host_id, mode, world, progress=progress))
         db = str(store.path)
     sheet = datasheet_for(facts)
     if as_json:
@@ -444,7 +579,7 @@ def calibrate_command(db_path: str | None, as_json: bool, quick: bool, out: Text
         return EXIT_OK
     print(format_table(facts, rows, sheet), file=out)
     print(f"\nStored for host {host_id} ({facts['hostname']}) in {db}; runs on this host now judge "
-          "their roofline against these figures.", file=out)
+          "their roofline and noise against these figures.", file=out)
     return EXIT_OK
 
 
@@ -460,8 +595,12 @@ def format_table(facts: dict[str, Any], rows: list[dict[str, Any]], sheet: dict[
         gpus = f"{row['gpu_a']}->{row['gpu_b']}" if row.get("gpu_a") is not None else "-"
         size = f"{row['size_bytes'] / MiB:.0f} MiB" if row.get("size_bytes") else "-"
         ref = sheet.get(row["kind"], {})
-        if row["bandwidth_gbps"] is None:
+        if row.get("skipped"):
             lines.append(f"{row['kind']:<18} {gpus:<7} {size:>9} {'skipped':>14}  {row.get('skipped')}")
+            continue
+        if row.get("bandwidth_gbps") is None:  # a latency or a noise floor: no datasheet to compare with
+            mode = f"  ({row['mode']} mode)" if row.get("mode") else ""
+            lines.append(f"{row['kind']:<18} {gpus:<7} {size:>9} {_figure_text(row):>14}{mode}")
             continue
         ref_gbps = ref.get("gbps")
         fraction = f"{row['bandwidth_gbps'] / ref_gbps:>12.0%}" if ref_gbps else f"{'-':>13}"

@@ -7,12 +7,13 @@ be equal. Also here: the checks around the call (poisoning freed memory, aliasin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from tasks.base import Tolerance
+from tasks.base import DEFAULT_OUTPUT_TOLERANCE, DEFAULT_TOLERANCES, OutputTolerance, Tolerance
 
 
 @dataclass
@@ -84,7 +85,7 @@ def _compare_tensors(candidate: torch.Tensor, reference: torch.Tensor, tol: Tole
         if wrong:
             return Comparison(False, abs_err, None, f"{where}: {wrong} of {ref.numel()} elements differ")
         return Comparison(True, 0.0, 0.0)
-    c64, r64 = cand.double(), ref.double()
+    c64, r64 = _as_real(cand), _as_real(ref)  # complex: real and imaginary parts both count
     ref_finite = torch.isfinite(r64)
     bad_nonfinite = (~torch.isfinite(c64)) & ref_finite
     diff = (c64 - r64).abs()
@@ -109,6 +110,148 @@ def _compare_tensors(candidate: torch.Tensor, reference: torch.Tensor, tol: Tole
             f"max abs error {max_abs:.3g}, first at flat index {first}",
         )
     return Comparison(True, max_abs, max_rel)
+
+
+# ---------------------------------------------------------------- the judge: error vs the baseline's own
+
+ToleranceSpec = Callable[[str], OutputTolerance] | Mapping[str, OutputTolerance]
+
+
+def float64_copies(inputs: Any) -> Any:
+    """The inputs the judge gives the baseline to get the truth: floating tensors as float64,
+    complex as complex128, everything else (indices, masks, numbers) unchanged, structure kept.
+
+    The truth comes from running the baseline on these copies (not from a task's reference(),
+    which needs every rank's inputs): each rank has its own inputs only, and the baseline's
+    collectives run in float64 on NCCL and gloo alike."""
+    if isinstance(inputs, torch.Tensor):
+        if inputs.is_complex():
+            return inputs.detach().to(torch.complex128).clone()
+        if inputs.is_floating_point():
+            return inputs.detach().to(torch.float64).clone()
+        return inputs.detach().clone()
+    if isinstance(inputs, tuple):
+        return tuple(float64_copies(v) for v in inputs)
+    if isinstance(inputs, list):
+        return [float64_copies(v) for v in inputs]
+    if isinstance(inputs, dict):
+        return {k: float64_copies(v) for k, v in inputs.items()}
+    return inputs
+
+
+def judge_outputs(candidate: Any, expected: Any, expected64: Any, tolerances: ToleranceSpec, where: str = "output") -> Comparison:
+    """Is the candidate as close to the truth as the baseline is, output by output?
+
+    expected: the baseline's outputs in the run dtype (structure, shapes and dtypes must match
+    exactly); expected64: the baseline's outputs on float64_copies of the same inputs (the
+    truth); tolerances: a task's ``TaskSpec.output_tolerance`` or a mapping of output path ->
+    OutputTolerance ("*" for the rest). The rule and why it is this one: tasks.base.OutputTolerance.
+    """
+    lookup = tolerances if callable(tolerances) else _mapping_lookup(tolerances)
+    return _judge(candidate, expected, expected64, lookup, where, "")
+
+
+def _mapping_lookup(mapping: Mapping[str, OutputTolerance]) -> Callable[[str], OutputTolerance]:
+    return lambda path: mapping.get(path, mapping.get("*", DEFAULT_OUTPUT_TOLERANCE))
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}/{key}" if path else str(key)
+
+
+def _judge(candidate: Any, expected: Any, truth: Any, lookup: Callable[[str], OutputTolerance], where: str, path: str) -> Comparison:
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(candidate, torch.Tensor):
+            return Comparison(False, message=f"{where}: expected a tensor, got {type(candidate).__name__}")
+        if not isinstance(truth, torch.Tensor) or truth.shape != expected.shape:
+            return Comparison(False, message=f"{where}: the float64 baseline gave another structure (a harness bug)")
+        return _judge_tensor(candidate, expected, truth, lookup(path), where)
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(candidate, (tuple, list)) or len(candidate) != len(expected):
+            got = f"{type(candidate).__name__} of {len(candidate)}" if isinstance(candidate, (tuple, list)) else type(candidate).__name__
+            return Comparison(False, message=f"{where}: expected a sequence of {len(expected)}, got {got}")
+        result = Comparison(True, 0.0, 0.0)
+        for index, (c, e, t) in enumerate(zip(candidate, expected, truth)):
+            result = result.merge(_judge(c, e, t, lookup, f"{where}[{index}]", _join(path, index)))
+        return result
+    if isinstance(expected, dict):
+        if not isinstance(candidate, dict) or set(candidate) != set(expected):
+            keys = sorted(candidate) if isinstance(candidate, dict) else type(candidate).__name__
+            return Comparison(False, message=f"{where}: expected keys {sorted(expected)}, got {keys}")
+        result = Comparison(True, 0.0, 0.0)
+        for key in expected:
+            result = result.merge(_judge(candidate[key], expected[key], truth[key], lookup, f"{where}[{key!r}]", _join(path, key)))
+        return result
+    return compare_outputs(candidate, expected, Tolerance(0.0, 0.0), where)
+
+
+def _as_real(t: torch.Tensor) -> torch.Tensor:
+    """float64 values; a complex tensor as (..., 2) real and imaginary parts, so both count."""
+    t = t.detach()
+    if t.is_complex():
+        return torch.view_as_real(t.resolve_conj().to(torch.complex128))
+    return t.to(torch.float64)
+
+
+def _judge_tensor(candidate: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor, tol: OutputTolerance, where: str) -> Comparison:
+    if candidate.shape != expected.shape:
+        return Comparison(False, message=f"{where}: shape {tuple(candidate.shape)}, expected {tuple(expected.shape)}")
+    if candidate.dtype != expected.dtype:
+        return Comparison(False, message=f"{where}: dtype {candidate.dtype}, expected {expected.dtype}")
+    if candidate.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+    if not (expected.is_floating_point() or expected.is_complex()):
+        return _compare_tensors(candidate, expected, Tolerance(0.0, 0.0), where)
+    if expected.dtype in (torch.float64, torch.complex128) and tol.floor_ulps > 0:
+        # A float64 run has no more precise truth than itself: its baseline's error reads zero.
+        # So the fixed float64 tolerance (1e-9), far below any wrong step and above any order.
+        return _compare_tensors(candidate, expected, DEFAULT_TOLERANCES["float64"], where)
+    device = candidate.device
+    cand, base, true = _as_real(candidate), _as_real(expected.to(device)), _as_real(truth.to(device))
+    finite = torch.isfinite(true)
+    if bool((~torch.isfinite(cand) & finite).any()):
+        count = int((~torch.isfinite(cand) & finite).sum().item())
+        return Comparison(False, float("inf"), float("inf"), f"{where}: {count} NaN/Inf element(s) where the result is finite")
+    if not bool(finite.all()):
+        # Positions where the truth is NaN/Inf (masked outputs) must match the baseline's there.
+        special = ~finite
+        same = (cand == base) | (torch.isnan(cand) & torch.isnan(base))
+        if not bool(same[special].all()):
+            return Comparison(False, None, None, f"{where}: NaN/Inf positions differ from the baseline's")
+        cand, base, true = cand[finite], base[finite], true[finite]
+        if true.numel() == 0:
+            return Comparison(True, 0.0, 0.0)
+    err_cand = (cand - true).abs()
+    err_base = (base - true).abs()
+    magnitude = true.abs()
+    eps = torch.finfo(expected.dtype).eps
+    tau = max(1e-3 * float(true.square().mean().sqrt().item()), torch.finfo(torch.float64).tiny)
+    rel_cand = err_cand / (magnitude + tau)
+    typical_cand = float(rel_cand.median().item())
+    typical_base = float((err_base / (magnitude + tau)).median().item())
+    worst_cand = float(err_cand.max().item())
+    worst_base = float(err_base.max().item())
+    # The median of a few elements is as noisy as one element (a loss, a norm): the full floor
+    # there; over many it is a stable figure, ~eps/8 for a correctly rounded result: an eighth.
+    allowed_typical = (tol.k * typical_base + tol.floor_ulps * eps * max(0.125, 1 / math.sqrt(true.numel()))
+                       + tol.floor_relative)
+    allowed_worst = tol.k * worst_base + (tol.floor_ulps * eps + tol.floor_relative) * float(magnitude.max().item())
+    max_rel = float(rel_cand.max().item())
+    if typical_cand > allowed_typical:
+        return Comparison(
+            False, worst_cand, max_rel,
+            f"{where}: typical relative error {typical_cand:.3g} > allowed {allowed_typical:.3g} "
+            f"({tol.k:g} x the baseline's {typical_base:.3g} + floor)",
+        )
+    if worst_cand > allowed_worst:
+        first = int((err_cand > allowed_worst).flatten().nonzero()[0].item())
+        return Comparison(
+            False, worst_cand, max_rel,
+            f"{where}: max abs error {worst_cand:.3g} > allowed {allowed_worst:.3g} "
+            f"({tol.k:g} x the baseline's {worst_base:.3g} + floor), "
+            f"first at flat index {first}",
+        )
+    return Comparison(True, worst_cand, max_rel)
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:

@@ -8,6 +8,8 @@ index of the (task, model) pair in the batch; the launcher maps it to a run id.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -80,7 +82,15 @@ class Timing(Event):
     max_us: float
     iterations: int
     per_rank_median_us: list[float] = field(default_factory=list)
-    input_copies: int = 1
+    input_copies: int = 1  # calls per timed block: each its own fresh inputs
+    # The figures by method. "eager": the calls back to back as an eager program makes them;
+    # "graph": the same calls captured in one CUDA graph and replayed (None with graph_note when
+    # not capturable). Each: median_us, p10_us, p90_us, mean_us, min_us, max_us, iterations and
+    # rounds_us (per interleaved round, the per-call figures of its blocks).
+    eager: dict[str, Any] | None = None
+    graph: dict[str, Any] | None = None
+    graph_note: str | None = None
+    overhead_us: dict[str, float] = field(default_factory=dict)  # per block, subtracted (null calls)
 
 
 @dataclass
@@ -141,6 +151,18 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Heartbeat, BatchFinished,
     )
 }
+
+
+def sign(key: bytes, line: str) -> str:
+    """An event line as the judge writes it: an HMAC of the JSON, a space, the JSON."""
+    return hmac.new(key, line.encode(), hashlib.sha256).hexdigest() + " " + line
+
+
+def verify(key: bytes, line: str) -> str | None:
+    """The JSON of a signed line, or None when its signature is not the judge's."""
+    mac, _, body = line.partition(" ")
+    expected = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+    return body if hmac.compare_digest(mac, expected) else None
 
 
 def parse_event(line: str) -> Event | None:

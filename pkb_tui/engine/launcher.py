@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import stat
 import signal
 import socket
 import subprocess
@@ -24,7 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pkb_tui.engine import events as ev
-from pkb_tui.engine.modes import choose_mode
+from pkb_tui.engine import stats
+from pkb_tui.engine.modes import choose_mode, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
 from pkb_tui.errors import PkbError
@@ -35,6 +38,7 @@ EventCallback = Callable[[ev.Event, "int | None"], None]
 
 STARTUP_TIMEOUT_S = 180.0  # torchrun + N Python processes importing torch, on a loaded 2-core box
 HEARTBEAT_TIMEOUT_S = 60.0
+JUDGE_GRACE_S = 60.0  # beyond a run's timeout, for its judges to end the candidate and report
 # Never let a rank switch NVLink multicast on (it can take a shared host's GPUs out of service).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -110,12 +114,18 @@ class Launcher:
                         self.skipped.append(message)
                         continue
                     raise PkbError(message)
+                invalid_reason = None
                 if solution is not None:
-                    validate_solution_file(solution, task.id, baseline_arity(task.baseline))
+                    # A bad candidate file is that model's failed run, not the whole batch's usage error.
+                    try:
+                        validate_solution_file(solution, task.id, baseline_arity(task.baseline))
+                    except PkbError as exc:
+                        invalid_reason = str(exc)
                 items.append(RunItem(
                     index=len(items), task=task.id, model=model.name,
                     model_path=str(model.path) if model.path else None,
                     solution_path=str(solution) if solution else None,
+                    invalid_reason=invalid_reason,
                 ))
         if not items:
             raise PkbError("Nothing to run: " + " ".join(self.skipped or ["no task and model pair applies."]))
@@ -135,10 +145,13 @@ class Launcher:
         batch_dir.mkdir(parents=True, exist_ok=True)
         self._batch_dir = batch_dir
         states = self._create_runs(store, request, items, mode, batch_id, batch_dir)
+        for item in items:
+            if item.invalid_reason:
+                self._record_invalid(store, states[item.index], item.invalid_reason, on_event)
         self._start_telemetry()
         mps = self._start_mps(mode)
         try:
-            remaining = list(items)
+            remaining = [item for item in items if not item.invalid_reason]
             launch = 0
             while remaining:
                 if cancel.is_set():
@@ -163,6 +176,17 @@ class Launcher:
         statuses = {s.run_id: s.status for s in states.values()}
         return BatchOutcome([s.run_id for s in states.values()], statuses, list(self.skipped))
 
+    def _record_invalid(
+        self, store: Store, state: _RunState, reason: str, on_event: EventCallback | None = None,
+    ) -> None:
+        """A candidate that cannot run (see RunItem.invalid_reason): its run is recorded as failed
+        with the reason, without launching anything; the rest of the batch goes on."""
+        if on_event is not None:
+            item = state.item
+            on_event(ev.RunStarted(item=item.index, task=item.task, model=item.model, trials=0), state.run_id)
+        store.update_run(state.run_id, started_at=time.time())
+        self._finish(store, state, "failed", f"invalid candidate: {reason}", on_event)
+
     def _create_runs(
         self, store: Store, request: RunRequest, items: list[RunItem], mode: str, batch_id: str, batch_dir: Path,
     ) -> dict[int, _RunState]:
@@ -173,14 +197,18 @@ class Launcher:
             baseline_hash = store.add_source(str(baseline_file.relative_to(PROJECT_ROOT)) if baseline_file.is_relative_to(PROJECT_ROOT) else str(baseline_file), baseline_file.read_text())
             candidate_hash = baseline_hash
             if item.solution_path:
-                candidate_hash = store.add_source(item.solution_path, Path(item.solution_path).read_text())
+                try:
+                    source = Path(item.solution_path).read_text(errors="replace")
+                except OSError as exc:  # an unreadable candidate is an invalid item (plan), still a run
+                    source = f"# unreadable: {exc.strerror}\n"
+                candidate_hash = store.add_source(item.solution_path, source)
             run_id = store.create_run({
                 "batch_id": batch_id, "task_id": item.task, "model": item.model, "model_path": item.model_path,
                 "world_size": request.world_size, "mode": mode, "dtype": request.dtype, "size": request.size,
                 "trials": request.trials, "timeout_s": request.timeout_s,
                 "request": {**request.to_dict(), "mode": mode, "item": item.to_dict()},
                 "status": "queued", "baseline_source_hash": baseline_hash, "candidate_source_hash": candidate_hash,
-                "timings_representative": int(mode != "shared-gpu"),
+                "timings_representative": int(timings_representative(mode)),
                 "log_path": str(batch_dir / f"item{item.index:03d}.rank0.log"),
             })
             states[item.index] = _RunState(run_id=run_id, item=item)
@@ -210,6 +238,10 @@ class Launcher:
         ]
         env = dict(os.environ)
         env.update(SAFE_ENV)
+        # Events are signed with a key only the judges and this launcher hold (the judges drop it
+        # from the environment before they start any runner).
+        event_key = secrets.token_bytes(32)
+        env["PKB_EVENT_KEY"] = event_key.hex()
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
         if mode == "cpu":
@@ -225,11 +257,13 @@ class Launcher:
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, cwd=str(scratch), start_new_session=True,
             )
-        tail = _EventTail(events_path)
+        tail = _EventTail(events_path, event_key)
         pending = {item.index for item in items}
         current: int | None = None
         started = time.monotonic()
-        deadline = started + STARTUP_TIMEOUT_S + request.timeout_s
+        # The judges end a candidate that outlives its timeout themselves; this is the backstop
+        # for a judge that stops answering.
+        deadline = started + STARTUP_TIMEOUT_S + request.timeout_s + JUDGE_GRACE_S
         last_beat = started
         any_run_started = False
 
@@ -244,7 +278,7 @@ class Launcher:
                     self.telemetry.set_rank_pids(event.rank_pids)  # CPU use per rank, in rank order
             elif isinstance(event, ev.RunStarted) and state is not None:
                 current, any_run_started = event.item, True
-                deadline = time.monotonic() + request.timeout_s
+                deadline = time.monotonic() + request.timeout_s + JUDGE_GRACE_S
                 state.started = True
                 store.update_run(state.run_id, status="running", started_at=time.time())
                 if self.telemetry is not None:
@@ -274,7 +308,7 @@ class Launcher:
                 self._finish(store, state, event.status, event.detail, None, request=request)
                 pending.discard(event.item)
                 current = None
-                deadline = time.monotonic() + request.timeout_s
+                deadline = time.monotonic() + request.timeout_s + JUDGE_GRACE_S
             run_id = state.run_id if state is not None else None
             if on_event is not None:
                 on_event(event, run_id)
@@ -330,10 +364,13 @@ class Launcher:
         self._host = host
         self._host_id = host_id
         self._calibration = store.latest_calibration(host_id)
+        self._latency = store.latest_link_latency(host_id)
+        self._noise_floor = store.latest_noise_floor(host_id, self._mode)
         for item in items:
             store.update_run(
                 states[item.index].run_id, host_id=host_id, mps_enabled=event.mps_enabled,
-                timings_representative=int(event.timings_representative), notes=event.notes,
+                timings_representative=int(event.timings_representative and timings_representative(self._mode)),
+                notes=event.notes,
             )
 
     def _finish(
@@ -362,7 +399,7 @@ class Launcher:
         passed = sum(1 for t in trials if t["correct"])
         worst = max(trials, key=lambda t: (not t["correct"], t["max_abs_error"] or 0.0), default=None)
         timed_ok = state.timed_check["correct"] if state.timed_check else True
-        baseline_t = state.timings.get("baseline")
+        timing_fields = self._timing_fields(state, request)
         for variant in ("baseline", "candidate"):
             timing_event = state.timings.get(variant)
             fields: dict[str, Any] = {"traffic": traffic.__dict__ if traffic else None}
@@ -380,20 +417,41 @@ class Launcher:
                         worst_rank=worst["worst_rank"] if worst else None,
                     )
             if timing_event is not None:
-                fields.update(
-                    median_us=timing_event.median_us, p10_us=timing_event.p10_us, p90_us=timing_event.p90_us,
-                    mean_us=timing_event.mean_us, min_us=timing_event.min_us, max_us=timing_event.max_us,
-                    iterations=timing_event.iterations,
-                )
-                if variant == "candidate" and baseline_t is not None and timing_event.median_us > 0:
-                    fields["speedup"] = baseline_t.median_us / timing_event.median_us
-                fields.update(self._roofline(traffic, timing_event.median_us, request))
+                fields.update(timing_fields.get(variant, {}))
+                median_us = fields.get("median_us")
+                if median_us:
+                    fields.update(self._roofline(traffic, median_us, request))
             link = state.link_bytes.get(variant)
             if link is not None:
                 fields["link_bytes_per_iter"] = link.nvlink_bytes_per_iter
                 fields["pcie_bytes_per_iter"] = link.pcie_bytes_per_iter
                 fields["traffic_flag"] = _traffic_flag(link, traffic, self._mode)
             store.add_result(state.run_id, variant, fields)
+
+    def _timing_fields(self, state: _RunState, request: RunRequest) -> dict[str, dict[str, Any]]:
+        """Both methods' figures per variant and the speedup with its interval (engine.stats), from
+        the judges' per-round figures; the user's basis (eager or graph) fills median_us/speedup."""
+        base, cand = state.timings.get("baseline"), state.timings.get("candidate")
+        if base is None:
+            return {}
+
+        def rounds(event: ev.Timing | None, method: str) -> list[list[float]] | None:
+            figures = getattr(event, method, None) if event is not None else None
+            return (figures or {}).get("rounds_us") or None
+
+        eager = stats.MethodRounds(rounds(base, "eager"), rounds(cand, "eager"))
+        graph_note = (cand.graph_note if cand is not None else None) or base.graph_note
+        graph = stats.MethodRounds(rounds(base, "graph"), rounds(cand, "graph"), note=graph_note)
+        basis = getattr(request, "speedup_basis", "eager") or "eager"
+        if basis == "graph" and not graph.candidate_rounds:
+            basis = "eager"  # no graph figure to pick: say which one was used
+        try:
+            return stats.timing_result_fields(
+                eager, graph, basis=basis, statistic=stats.round_statistic_for(self._mode),
+                noise_floor_fraction=(getattr(self, "_noise_floor", None) or {}).get("noise_floor_fraction"),
+            )
+        except ValueError:
+            return {}
 
     def _traffic(self, task_id: str, request: RunRequest) -> Traffic | None:
         """The task's roofline model, the busiest rank's figure for each quantity."""
@@ -413,7 +471,7 @@ class Launcher:
             send_bytes=max(t.send_bytes for t in per_rank), recv_bytes=max(t.recv_bytes for t in per_rank),
             memory_bytes=max(t.memory_bytes for t in per_rank), flops=arithmetic.flops,
             payload_bytes=max(t.payload_bytes for t in per_rank), bus_factor=per_rank[0].bus_factor,
-            tf32_flops=arithmetic.tf32_flops,
+            tf32_flops=arithmetic.tf32_flops, messages=max(t.messages for t in per_rank),
         )
 
     def _roofline(self, traffic: Traffic | None, median_us: float, request: RunRequest) -> dict[str, Any]:
@@ -424,15 +482,12 @@ class Launcher:
         except ImportError:
             return {}
         try:
-            bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), self._mode, request.world_size)
+            bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), self._mode,
+                                                 request.world_size, latency=getattr(self, "_latency", None))
             result = roofline.evaluate(traffic, median_us, bandwidths, request.dtype)
         except Exception:
             return {}
-        return {
-            "roofline_floor_us": result.floor_us, "roofline_fraction": result.fraction,
-            "roofline_bound": result.bound, "bus_bandwidth_gbps": result.bus_bandwidth_gbps,
-            "bandwidth_source": result.bandwidth_source,
-        }
+        return result.result_fields()
 
     def _merge_logs(self, state: _RunState) -> Path | None:
         """Every rank's output for this run, in one file, lines prefixed by rank."""
@@ -565,27 +620,42 @@ def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, mode: str) -> str
 
 
 class _EventTail:
-    """Reads complete JSON lines appended to the event file since the last read."""
+    """Reads complete, correctly signed JSON lines appended to the event file since the last read.
 
-    def __init__(self, path: Path) -> None:
+    The file is opened without following links and must be a regular file (a symlink or FIFO
+    planted in its place could otherwise redirect or hang the launcher). Lines whose signature is
+    not the judges' are dropped and counted."""
+
+    def __init__(self, path: Path, key: bytes) -> None:
         self.path = path
+        self.key = key
         self.offset = 0
         self.partial = b""
+        self.forged = 0
 
     def read(self) -> list[ev.Event]:
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return []
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []
+            os.lseek(fd, self.offset, os.SEEK_SET)
+            data = os.read(fd, 64 * 2**20)
+        finally:
+            os.close(fd)
         self.offset += len(data)
         data = self.partial + data
         lines = data.split(b"\n")
         self.partial = lines.pop()
         out = []
         for line in lines:
-            event = ev.parse_event(line.decode(errors="replace"))
+            body = ev.verify(self.key, line.decode(errors="replace"))
+            if body is None:
+                self.forged += 1
+                continue
+            event = ev.parse_event(body)
             if event is not None:
                 out.append(event)
         return out

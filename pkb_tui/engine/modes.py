@@ -7,6 +7,8 @@ import os
 from pkb_tui.errors import PkbError
 
 MODES = ("nccl", "shared-gpu", "cpu")
+# What every cpu-mode figure is labelled with (CLI, JSON, screens): gloo on a shared CPU box.
+CPU_MODE_LABEL = "cpu: for development, not a measurement"
 
 
 def visible_gpu_count() -> int:
@@ -44,3 +46,9 @@ def choose_mode(world_size: int, requested: str | None, gpu_count: int | None = 
 
 def backend_for(mode: str) -> str:
     return "nccl" if mode == "nccl" else "gloo"
+
+
+def timings_representative(mode: str) -> bool:
+    """Whether a mode's timings stand for the real thing: only nccl. shared-gpu ranks time-slice
+    one GPU; cpu is gloo on a shared host (for development, not a measurement)."""
+    return mode == "nccl"

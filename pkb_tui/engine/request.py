@@ -23,6 +23,7 @@ class RunRequest:
     profile: bool = True  # per-kernel table after timing
     seed: int = 0
     telemetry: bool = True  # NVML/PCIe counters around timed phases
+    speedup_basis: str = "eager"  # which timing method speedup and leaderboard use: eager or graph
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -43,6 +44,9 @@ class RunItem:
     model: str
     model_path: str | None  # folder of the solution set; None for the baseline model
     solution_path: str | None  # the candidate's file; None for the baseline model
+    # Why the candidate file cannot run (no `solution`, a syntax error, a wrong signature, empty):
+    # such an item is recorded as a failed run with this reason and never launched.
+    invalid_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,7 +1,13 @@
 """Roofline: how close a measured time is to what the hardware allows.
 
-    floor_us = max(wire bytes / link bandwidth, memory bytes / memory bandwidth, FLOPs / peak)
+    floor_us = max(messages x alpha + wire bytes / link bandwidth, memory bytes / memory bandwidth, FLOPs / peak)
     roofline_fraction = floor_us / median_us          (1.0 = at the limit)
+
+alpha is the link's per-message latency: calibrated on this host (``pkb-tui calibrate``, from the
+NCCL all-reduce sweep's smallest messages) or a stated default. Without it every small-message
+run read "0.0%" of a bandwidth floor, which says nothing; with it a latency-bound call has a floor
+of its own ("latency-bound"). cpu mode has no roofline at all: gloo on a shared host says nothing
+about a GPU or an interconnect, and nominal host figures would only dress that up.
 
 Bandwidths come from this host's calibration (``pkb-tui calibrate``) when it was measured, else
 from the vendors' datasheets below; every figure carries a source string that says which, and the
@@ -18,7 +24,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tasks.base import Traffic
+from pkb_tui.engine.modes import CPU_MODE_LABEL
+from tasks.base import Traffic, bus_factor
 
 
 @dataclass(frozen=True)
@@ -117,9 +124,16 @@ _MODEL_RULES: list[tuple[tuple[str, ...], str]] = [
     (("A100",), "A100 SXM 40GB"),
 ]
 
-# cpu mode has no datasheet: an order of magnitude for a desktop/server memory system, said as such.
-HOST_MEMORY_NOMINAL_GBPS = 20.0
-HOST_TFLOPS_NOMINAL = 0.5
+CPU_NO_ROOFLINE = (f"{CPU_MODE_LABEL} (gloo through host memory on a shared CPU: no roofline and no bus "
+                   "bandwidth are claimed from nominal CPU figures)")
+
+# No datasheet gives a link's per-message latency. 1 us is an order of magnitude for one peer write
+# plus a flag seen by the peer over NVLink or PCIe; low on purpose, so the floor stays a floor.
+DEFAULT_LINK_LATENCY_US = 1.0
+DEFAULT_LATENCY_SOURCE = (
+    f"default {DEFAULT_LINK_LATENCY_US:g} us per message (an order of magnitude, no datasheet states it); "
+    "`pkb-tui calibrate` measures this host's"
+)
 
 
 def lookup_gpu(model: str | None) -> GpuSpec | None:
@@ -134,31 +148,8 @@ def lookup_gpu(model: str | None) -> GpuSpec | None:
 
 
 def nccl_tests_bus_factor(collective: str, world_size: int) -> float:
-    """busbw = algbw x this factor (nccl-tests PERFORMANCE.md), so figures compare with that tool.
-
-    algbw is the payload over the time, where the payload is nccl-tests' "size": the whole buffer
-    for all-reduce / broadcast / reduce, the whole gathered (all-gather) or whole input
-    (reduce-scatter) buffer, and the whole send buffer for all-to-all / gather / scatter.
-    """
-    n = world_size
-    if n < 1:
-        raise ValueError(f"world size must be >= 1, got {n}")
-    if n == 1:
-        return 1.0
-    factors = {
-        "all_reduce": 2 * (n - 1) / n,
-        "all_gather": (n - 1) / n,
-        "reduce_scatter": (n - 1) / n,
-        "all_to_all": (n - 1) / n,
-        "gather": (n - 1) / n,
-        "scatter": (n - 1) / n,
-        "broadcast": 1.0,
-        "reduce": 1.0,
-        "sendrecv": 1.0,
-    }
-    if collective not in factors:
-        raise KeyError(f"no nccl-tests bus factor for {collective!r}; known: {', '.join(factors)}")
-    return factors[collective]
+    """busbw = algbw x this factor; the one definition is tasks.base.bus_factor (0 at one rank)."""
+    return bus_factor(collective, world_size)
 
 
 @dataclass
@@ -172,6 +163,9 @@ class Bandwidths:
     memory_source: str
     link_kind: str  # nvlink, pcie, shared-device-memory, host-shared-memory, none, unknown
     compute_source: str = ""
+    latency_us: float | None = None  # per-message link latency (alpha); None: no latency term
+    latency_source: str = ""
+    no_roofline_reason: str | None = None  # set: no floor, fraction or bus bandwidth (cpu mode), and why
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -218,33 +212,24 @@ def _topology_link(topology: Any) -> tuple[str, int | None] | None:
 
 def bandwidths_for(
     host: dict[str, Any], calibration: dict[str, float], mode: str, world_size: int,
-    *, calibrated_at: float | None = None,
+    *, calibrated_at: float | None = None, latency: dict[str, Any] | None = None,
 ) -> Bandwidths:
     """The link / memory / compute ceilings for a run on ``host`` in ``mode``.
 
     ``calibration`` is Store.latest_calibration(host_id): kind or 'kind:a-b' -> GB/s, with the kinds
     engine.calibrate writes (device_copy, peer_copy_engine:a-b, peer_sm:a-b, allreduce_busbw,
     host_copy). Calibrated figures win over the datasheet; ``calibrated_at`` (Unix seconds) only
-    dates the source string.
+    dates the source string. ``latency`` is Store.latest_link_latency(host_id) (latency_us,
+    measured_at); without it links between GPUs get the stated default.
     """
     calibration = calibration or {}
     spec = lookup_gpu(host.get("gpu_model"))
 
     if mode == "cpu":
-        if calibration.get("host_copy"):
-            memory, memory_source = float(calibration["host_copy"]), _calibrated_label("host_copy", calibrated_at)
-        else:
-            memory = HOST_MEMORY_NOMINAL_GBPS
-            memory_source = (
-                f"nominal host memory ({HOST_MEMORY_NOMINAL_GBPS:.0f} GB/s, an order of magnitude, no datasheet): "
-                "cpu-mode timings do not represent a GPU or an interconnect"
-            )
-        peak = {k: HOST_TFLOPS_NOMINAL for k in ("float32", "float64", "bfloat16", "float16")}
         return Bandwidths(
-            link_gbps=memory, memory_gbps=memory, peak_tflops=peak,
-            link_source=f"ranks exchange data through host shared memory (gloo); {memory_source}",
-            memory_source=memory_source, link_kind="host-shared-memory",
-            compute_source=f"nominal host ({HOST_TFLOPS_NOMINAL} TFLOP/s, an order of magnitude)",
+            link_gbps=None, memory_gbps=None, peak_tflops={}, link_source=CPU_NO_ROOFLINE,
+            memory_source=CPU_NO_ROOFLINE, link_kind="host-shared-memory", compute_source=CPU_NO_ROOFLINE,
+            no_roofline_reason=CPU_NO_ROOFLINE,
         )
 
     if calibration.get("device_copy"):
@@ -294,9 +279,14 @@ def bandwidths_for(
         link_source = f"datasheet: {gen.name} {how} ({gen.source}), one direction"
     else:
         link, link_source = None, _unknown(host)
+    if latency and latency.get("latency_us") is not None:
+        alpha, alpha_source = float(latency["latency_us"]), _calibrated_label("link_latency", latency.get("measured_at"))
+    else:
+        alpha, alpha_source = DEFAULT_LINK_LATENCY_US, DEFAULT_LATENCY_SOURCE
     return Bandwidths(
         link_gbps=link, memory_gbps=memory, peak_tflops=peak, link_source=link_source,
         memory_source=memory_source, link_kind=link_kind, compute_source=compute_source,
+        latency_us=alpha, latency_source=alpha_source,
     )
 
 
@@ -311,18 +301,19 @@ def _unknown(host: dict[str, Any]) -> str:
 class Roofline:
     floor_us: float | None  # None: no ceiling known for any term the traffic has
     fraction: float | None  # floor / median: 1.0 = at the limit
-    bound: str | None  # wire, memory or compute: the term that set the floor
+    bound: str | None  # latency, wire, memory or compute: the term that set the floor
     bus_bandwidth_gbps: float | None  # nccl-tests convention
     algo_bandwidth_gbps: float | None
     bandwidth_source: str
     terms_us: dict[str, float] = field(default_factory=dict)
+    latency_us: float | None = None  # messages x alpha inside the wire term
 
     def result_fields(self) -> dict[str, Any]:
         """The columns of a results row this fills."""
         return {
             "roofline_floor_us": self.floor_us, "roofline_fraction": self.fraction,
             "roofline_bound": self.bound, "bus_bandwidth_gbps": self.bus_bandwidth_gbps,
-            "bandwidth_source": self.bandwidth_source,
+            "bandwidth_source": self.bandwidth_source, "roofline_latency_us": self.latency_us,
         }
 
 
@@ -339,12 +330,26 @@ def _compute_us(traffic: Traffic, bandwidths: Bandwidths, dtype: str) -> float |
 
 
 def evaluate(traffic: Traffic, median_us: float, bandwidths: Bandwidths, dtype: str) -> Roofline:
-    """The roofline of one measured time: floor, achieved fraction, bound, bus bandwidth."""
+    """The roofline of one measured time: floor, achieved fraction, bound, bus bandwidth.
+
+    The wire term is messages x alpha + wire bytes / link bandwidth; the bound reads "latency"
+    when the alpha part of it is the larger and that term sets the floor.
+    """
+    if bandwidths.no_roofline_reason:
+        return Roofline(floor_us=None, fraction=None, bound=None, bus_bandwidth_gbps=None, algo_bandwidth_gbps=None,
+                        bandwidth_source=bandwidths.no_roofline_reason)
     terms: dict[str, float] = {}
     sources: dict[str, str] = {}
+    latency_us = None
+    bytes_us = 0.0
     if traffic.wire_bytes > 0 and bandwidths.link_gbps:
-        terms["wire"] = traffic.wire_bytes / (bandwidths.link_gbps * 1e3)  # GB/s = 1e3 bytes/us
+        bytes_us = traffic.wire_bytes / (bandwidths.link_gbps * 1e3)  # GB/s = 1e3 bytes/us
         sources["wire"] = bandwidths.link_source
+        if bandwidths.latency_us:
+            messages = max(1, traffic.messages)
+            latency_us = bandwidths.latency_us * messages
+            sources["wire"] += f"; latency {bandwidths.latency_us:g} us x {messages} message(s): {bandwidths.latency_source}"
+        terms["wire"] = (latency_us or 0.0) + bytes_us
     if traffic.memory_bytes > 0 and bandwidths.memory_gbps:
         terms["memory"] = traffic.memory_bytes / (bandwidths.memory_gbps * 1e3)
         sources["memory"] = bandwidths.memory_source
@@ -363,9 +368,12 @@ def evaluate(traffic: Traffic, median_us: float, bandwidths: Bandwidths, dtype: 
     else:
         bound, floor, fraction = None, None, None
         source = bandwidths.link_source if traffic.wire_bytes > 0 else bandwidths.memory_source
+    if bound == "wire" and latency_us is not None and latency_us > bytes_us:
+        bound = "latency"
     algo = traffic.payload_bytes / (median_us * 1e3) if (traffic.payload_bytes and valid_time) else None
-    bus = algo * traffic.bus_factor if algo is not None else None
+    # factor 0 (one rank): nothing crossed a link, so there is no bus bandwidth to state
+    bus = algo * traffic.bus_factor if (algo is not None and traffic.bus_factor) else None
     return Roofline(
         floor_us=floor, fraction=fraction, bound=bound, bus_bandwidth_gbps=bus,
-        algo_bandwidth_gbps=algo, bandwidth_source=source, terms_us=terms,
+        algo_bandwidth_gbps=algo, bandwidth_source=source, terms_us=terms, latency_us=latency_us,
     )

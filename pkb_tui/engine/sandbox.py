@@ -51,6 +51,16 @@ class _RulesetAttr(ctypes.Structure):
     _fields_ = [("handled_access_fs", ctypes.c_uint64)]
 
 
+class _ScopedRulesetAttr(ctypes.Structure):
+    # ABI 6: scoped = which IPC may not reach processes outside this domain.
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+_SCOPE_SIGNAL = 1 << 1
+
+
 class _PathBeneathAttr(ctypes.Structure):
     _pack_ = 1  # the kernel's struct is packed
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
@@ -101,16 +111,23 @@ def default_writable(batch_dir: Path, extra: Iterable[str | Path] = ()) -> list[
     return [Path(batch_dir), *sorted(temp), Path("/dev"), Path("/proc"), *mps, *caches, *(Path(p) for p in extra)]
 
 
-def restrict_writes(writable: Iterable[str | Path]) -> str | None:
+def restrict_writes(writable: Iterable[str | Path], *, scope_signals: bool = False) -> str | None:
     """Limit this process (and what it starts) to writing beneath ``writable``; None if done,
-    else why not. Irreversible for the process."""
+    else why not. Irreversible for the process.
+
+    ``scope_signals`` (a runner): on Landlock ABI 6+, also refuse signals
+    to processes outside this domain, so a candidate cannot stop or kill its judge."""
     abi = landlock_abi()
     if abi <= 0:
         return "no write sandbox: this kernel has no Landlock (Linux 5.13+ with landlock in its LSM list)"
     libc = _libc()
     libc.syscall.restype = ctypes.c_long
     rights = write_rights(abi)
-    attr = _RulesetAttr(rights)
+    attr: ctypes.Structure
+    if scope_signals and abi >= 6:
+        attr = _ScopedRulesetAttr(rights, 0, _SCOPE_SIGNAL)  # not unix sockets: sibling runners (NCCL) use them
+    else:
+        attr = _RulesetAttr(rights)
     ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     if ruleset < 0:
         return f"no write sandbox: landlock_create_ruleset failed ({os.strerror(ctypes.get_errno())})"
@@ -134,3 +151,22 @@ def restrict_writes(writable: Iterable[str | Path]) -> str | None:
     finally:
         os.close(ruleset)
     return None
+
+
+def runner_writable(scratch_dir: Path) -> list[Path]:
+    """Where a runner (the process that imports candidate code) may write: its own scratch
+    folder (TMPDIR points there), /dev (CUDA device files, NCCL's shared memory), /proc (the CUDA
+    driver), the MPS folders and the JIT caches. Not the batch folder (events, logs, other runs),
+    not /tmp or /var/tmp, not the project or the database."""
+    home = Path.home()
+    caches = [home / ".nv", home / ".cupy", home / ".triton", home / ".cache" / "torch_extensions"]
+    for env in ("CUPY_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH"):
+        if os.environ.get(env):
+            caches.append(Path(os.environ[env]))
+    for folder in caches:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass
+    mps = [Path(os.environ[e]) for e in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY") if os.environ.get(e)]
+    return [Path(scratch_dir), Path("/dev"), Path("/proc"), *mps, *caches]

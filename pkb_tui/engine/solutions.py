@@ -1,7 +1,9 @@
 """Solution sets ("models"): folders of solution(*inputs) files named by task id.
 
 A set lives under solutions/<name>/ (or anywhere, given as a path) and may carry manifest.json
-({"model": ..., "provider": ..., "backend": ..., "notes": ...}). The pseudo-model "baseline" runs
+({"model": ..., "provider": ..., "backend": ..., "notes": ...}). A set's name is its folder's
+name, always: the manifest's "model" is only a label shown beside it, so a manifest cannot make a
+folder's runs count as another model's (its leaderboard entry, its history). The pseudo-model "baseline" runs
 the task's baseline as the candidate: a self-check and a way to time the baseline alone.
 
 A folder of ParallelKernelBench candidates (a generator's `solutions_*` folder, or any folder of
@@ -72,6 +74,16 @@ class SolutionSet:
             return pkb_layout.solution_for(self.path, self.pkb.backend, task_id)
         return self.files().get(task_id)
 
+    @property
+    def label(self) -> str | None:
+        """The manifest's own name for the set, when it says something the folder name does not."""
+        label = self.manifest.get("model")
+        return str(label) if label and str(label) != self.name else None
+
+    @property
+    def display_name(self) -> str:
+        return f"{self.name} ({self.label})" if self.label else self.name
+
     def covers(self, task_ids: list[str]) -> list[str]:
         if self.is_baseline:
             return list(task_ids)
@@ -107,10 +119,7 @@ def find_model(name_or_path: str) -> SolutionSet:
     as_path = Path(name_or_path).expanduser()
     if as_path.is_dir() and (os.sep in name_or_path or name_or_path.startswith(".")):
         path = as_path.resolve()
-        found = _solution_set(path.name, path)
-        if found.pkb is None and found.manifest.get("model"):
-            found.name = found.manifest["model"]
-        return found
+        return _solution_set(_folder_name(path), path)
     clone = Path(os.environ["PKB_ROOT"]).resolve() if os.environ.get("PKB_ROOT") else None
     for directory in search_dirs():
         candidate = directory / name_or_path
@@ -120,9 +129,15 @@ def find_model(name_or_path: str) -> SolutionSet:
             return _solution_set(name_or_path, candidate.resolve())
     if as_path.is_dir():
         path = as_path.resolve()
-        return _solution_set(path.name, path)
+        return _solution_set(_folder_name(path), path)
     known = ", ".join(m.name for m in list_models())
     raise PkbError(f"Unknown model {name_or_path!r}: no such solution set (known: {known}) and no such folder.")
+
+
+def _folder_name(path: Path) -> str:
+    """A folder given as a path is named by its folder; one named like the built-in baseline
+    would pool its runs with the baseline's, so it says where it came from."""
+    return f"{path.name} ({path})" if path.name == BASELINE_MODEL else path.name
 
 
 def list_models() -> list[SolutionSet]:
@@ -156,9 +171,13 @@ def validate_solution_file(path: Path, task_id: str, arity: tuple[int, int]) -> 
         text = path.read_text()
     except OSError as exc:
         raise PkbError(f"Cannot read solution {path}: {exc.strerror}.") from exc
+    if not text.strip():
+        raise PkbError(f"Solution {path} is empty; it must define solution(*inputs) like the {task_id} baseline.")
     try:
         tree = ast.parse(text, filename=str(path))
-    except SyntaxError as exc:
+    except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes
+        if not isinstance(exc, SyntaxError):
+            raise PkbError(f"Solution {path} is not Python source ({exc}); fix it and run again.") from exc
         raise PkbError(f"Solution {path} has a syntax error at line {exc.lineno}: {exc.msg}; fix it and run again.") from exc
     funcs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "solution"]
     assigned = any(

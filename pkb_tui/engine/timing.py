@@ -1,40 +1,21 @@
-"""The one timing function. Its clocks are bound when this module is imported, which the worker
-does before it imports any candidate: a candidate that patches time.perf_counter_ns,
-torch.cuda.Event or torch.cuda.synchronize afterwards changes nothing measured here.
+"""Timing arithmetic of the judge (engine.worker), kept apart so it can be tested on its own.
 
-GPU: a device event pair around every iteration; the whole device is synchronized before the
-closing event, so work a variant hides on other streams is counted. CPU: a monotonic clock.
-Ranks are aligned by a barrier (on the control group) before every iteration, outside the timed
-window. The reported figure is, per iteration, the slowest rank; then median and spread over
-iterations. The worker times baseline and candidate in alternating blocks (``split_rounds``).
+The judge times a *block* of calls (each on fresh inputs) with its own clock, from the command to
+the runner's answer, with the runner's harness cost (a block of null calls that only store
+outputs, on the trusted baseline runner) subtracted: per call = (wall - overhead) / calls. The
+runner's own device-event figure for the block is never the verdict; ``reconcile`` only checks
+that it could be true (a runner whose report is impossible was tampered with).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from typing import Any, Callable
 
-import torch
+from pkb_tui.engine.stats import percentile
 
-_perf_counter_ns = time.perf_counter_ns
-_cuda_event = torch.cuda.Event
-_event_record = torch.cuda.Event.record
-_event_synchronize = torch.cuda.Event.synchronize
-_event_elapsed_ms = torch.cuda.Event.elapsed_time
-_cuda_synchronize = torch.cuda.synchronize
-
-
-# Interleaved timing: the variants of an item take turns in this many blocks (see worker).
-ROUNDS = 5
-
-
-def split_rounds(iterations: int, rounds: int) -> list[int]:
-    """``iterations`` split into at most ``rounds`` blocks as even as can be, the larger first."""
-    rounds = max(1, min(rounds, iterations))
-    base, extra = divmod(iterations, rounds)
-    return [base + (1 if k < extra else 0) for k in range(rounds)]
+# A runner's report may exceed the judge's wall time around it by this much (clock granularity).
+REPORT_SLACK_US = 50.0
 
 
 @dataclass
@@ -48,63 +29,37 @@ class TimingStats:
     iterations: int
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile of already sorted values, q in [0, 100]."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def summarize(samples_per_rank: list[list[float]]) -> TimingStats:
-    """Per iteration the slowest rank, then statistics over iterations."""
-    iterations = min(len(s) for s in samples_per_rank)
-    slowest = sorted(max(s[i] for s in samples_per_rank) for i in range(iterations))
+def summarize(values: list[float]) -> TimingStats:
+    """Median and spread of per-call figures (one per block)."""
+    ordered = sorted(values)
     return TimingStats(
-        median_us=percentile(slowest, 50), p10_us=percentile(slowest, 10), p90_us=percentile(slowest, 90),
-        mean_us=sum(slowest) / iterations, min_us=slowest[0], max_us=slowest[-1], iterations=iterations,
+        median_us=percentile(ordered, 50), p10_us=percentile(ordered, 10), p90_us=percentile(ordered, 90),
+        mean_us=sum(ordered) / len(ordered), min_us=ordered[0], max_us=ordered[-1], iterations=len(ordered),
     )
 
 
-def time_iterations(
-    call: Callable[[int], Any], *, iterations: int, warmup: int, device: torch.device,
-    barrier: Callable[[], None], keep_last: int = 0,
-    on_start: Callable[[], None] | None = None, between: Callable[[], None] | None = None,
-) -> tuple[list[float], list[Any]]:
-    """Run call(i) warmup + iterations times; return per-iteration microseconds and the outputs of
-    the last ``keep_last`` timed iterations (so the caller can check them).
+def per_call_us(wall_us: float, overhead_us: float, calls: int) -> float:
+    """One call's time in a block the judge timed: the harness's share subtracted, never below 0."""
+    return max(0.0, wall_us - overhead_us) / max(1, calls)
 
-    ``on_start`` runs once after the warm-up, the device idle; ``between`` after every timed
-    iteration, outside its timed window with the device idle (the byte counters use both).
-    """
-    on_gpu = device.type == "cuda"
-    for i in range(warmup):
-        call(i)
-    if on_gpu:
-        _cuda_synchronize(device)
-    if on_start is not None:
-        on_start()
-    samples_us: list[float] = []
-    kept: list[Any] = []
-    for i in range(iterations):
-        barrier()
-        if on_gpu:
-            start, end = _cuda_event(enable_timing=True), _cuda_event(enable_timing=True)
-            _event_record(start)
-            out = call(i)
-            _cuda_synchronize(device)
-            _event_record(end)
-            _event_synchronize(end)
-            samples_us.append(_event_elapsed_ms(start, end) * 1000.0)
-        else:
-            t0 = _perf_counter_ns()
-            out = call(i)
-            samples_us.append((_perf_counter_ns() - t0) / 1000.0)
-        if between is not None:
-            between()
-        if i >= iterations - keep_last:
-            kept.append(out)
-        else:
-            del out
-    return samples_us, kept
+
+def reconcile(blocks: list[tuple[float, float]], overhead_us: float) -> str | None:
+    """Could a runner's reports of its blocks' device time be true, given the judge's wall times?
+
+    ``blocks``: (wall_us, reported_us) per block, both from one rank. Impossible: a report above
+    the wall time around it, or not a number. A lie: in most blocks, less than a tenth of what the
+    block took beyond the harness's share. (Per block the lower bound would be unsafe: a runner
+    descheduled on a loaded CPU reports far less than its judge waited, now and then.) The verdict
+    never rests on these reports; a runner caught lying about them was tampered with.
+    Returns None when they reconcile, else the sentence."""
+    if not blocks:
+        return None
+    ratios = []
+    for wall_us, reported_us in blocks:
+        if not math.isfinite(reported_us) or reported_us < 0 or reported_us > wall_us + REPORT_SLACK_US:
+            return f"reported {reported_us:.0f} us for a block the judge timed at {wall_us:.0f} us"
+        ratios.append(reported_us / max(wall_us - overhead_us, 1.0))
+    typical = percentile(sorted(ratios), 50)
+    if typical < 0.1:
+        return f"reported {100 * typical:.1f}% of the time the judge saw in a typical block"
+    return None

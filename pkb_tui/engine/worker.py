@@ -1,57 +1,244 @@
-"""One rank of a batch, started by torchrun: `python -m pkb_tui.engine.worker SPEC.json`.
+"""One judge of a batch, started by torchrun: `python -m pkb_tui.engine.worker SPEC.json`.
 
-The ranks stay up for the whole batch: every (task, model) item, every trial, both variants.
-Everything a rank learns reaches rank 0 through a gloo control group (gather_object), and only
-rank 0 writes events (JSON lines) to the batch's event file, which the launcher reads. So the same
-path works when ranks sit on other nodes.
+The judge never imports candidate code. Per rank it starts runner processes (engine.runner): one
+for the baseline, kept for the launch, and one per (task, model) item for the candidate, ended with
+the item. It makes every input itself from a seed drawn from the OS for the batch (never given to a
+runner), computes the expected outputs itself with the task's baseline, writes inputs into shared
+memory it owns (engine.channel), tells the runner to call, reads the outputs back and compares them
+in its own process, and times each block of calls with its own clock. A candidate runner is stopped
+(SIGSTOP) whenever it is not serving a command, so it cannot work in the background: not while the
+baseline is timed, not after it said it was done.
 
-Import order matters: pkb_tui.engine.timing binds its clocks now, before any candidate is imported.
+Everything a judge learns reaches judge 0 through a gloo control group; only judge 0 writes events
+(JSON lines, each signed with a key only the judges and the launcher hold) to the batch's event
+file, which the launcher reads. So the same path works when ranks sit on other nodes.
 """
 
 from __future__ import annotations
 
-from pkb_tui.engine import timing  # noqa: I001  (first: binds the clocks before any candidate runs)
-
 import hashlib
-import importlib.util
 import json
 import math
 import os
+import secrets
+import select
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from pkb_tui.engine import events as ev
-from pkb_tui.engine.compare import Comparison, compare_outputs, find_aliasing, poison_free_memory, tensors_in
-from pkb_tui.engine.modes import backend_for
-from pkb_tui.engine.request import RunItem, RunRequest
 from collectors.counters import combine_phases
+from pkb_tui.engine import channel
+from pkb_tui.engine import events as ev
+from pkb_tui.engine import stats
+from pkb_tui.engine.compare import Comparison, compare_outputs, tensors_in
+from pkb_tui.engine.modes import backend_for, timings_representative
+from pkb_tui.engine.request import RunItem, RunRequest
+from pkb_tui.engine.timing import per_call_us, percentile, reconcile, summarize
 from tasks.base import Task, load_task
 
-_now = time.time  # bound before candidates, like the clocks in timing
+_now = time.time
+_perf_counter_ns = time.perf_counter_ns
+_monotonic = time.monotonic
+
+# Timing: each variant takes this many interleaved rounds at least (B C, C B, ...), each round a
+# block of calls on fresh inputs; a block lasts about TARGET_BLOCK_US so the judge's clock (pipe
+# wake-ups of ~10-50 us) is small against it.
+MIN_ROUNDS = 6
+MAX_ROUNDS = 40
+BLOCKS_PER_ROUND = {"cuda": 1, "cpu": 3}  # cpu: a round's p25 over its blocks shrugs off a descheduled rank
+TIMING_BUDGET_S = {"cuda": 30.0, "cpu": 20.0}  # adaptive rounds stop here (engine.stats.next_round_needed)
+MAX_CALLS_PER_BLOCK = 512
+TARGET_BLOCK_US = {"cuda": 5_000.0, "cpu": 20_000.0}
+ARENA_BUDGET_BYTES = {"cuda": 4 * 2**30, "cpu": 512 * 2**20}
+
+# Environment a runner must not inherit: the event key, torchrun's rendezvous, the launcher's pid.
+_PRIVATE_ENV = ("PKB_EVENT_KEY", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE",
+                "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE")
 
 
-class _CandidateError(Exception):
-    """The candidate raised, or its module could not be loaded (message is for the user)."""
+class CandidateFailure(Exception):
+    """The runner raised, died, hung or broke the protocol: the run ends with this status."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
-class _Timed:
-    """One variant's state through the interleaved timing rounds."""
+@dataclass
+class Block:
+    """One timed block as this judge saw it."""
 
-    def __init__(self, variant: str, fn: Callable, input_sets: list, counters: Any) -> None:
-        self.variant, self.fn, self.input_sets, self.counters = variant, fn, input_sets, counters
-        self.samples: list[float] = []
-        self.phases: list[dict] = []
-        self.kept: list[Any] = []
-        self.failure: str | None = None
+    wall_us: float
+    reported_us: float
+    calls: int
+    wake_in_us: float | None = None  # command sent -> runner has it (the runner's word)
+    wake_out_us: float | None = None  # runner sends its answer -> judge has it
+
+
+@dataclass
+class Series:
+    """One variant's blocks for one method, by round."""
+
+    rounds: list[list[Block]] = field(default_factory=list)
+    note: str | None = None  # why there are none (graph: not capturable)
+
+
+class RunnerProcess:
+    """This judge's runner for one variant: a child process in a session of its own."""
+
+    def __init__(self, judge: Rank, label: str, port: int, log_path: Path) -> None:
+        self.judge, self.label = judge, label
+        to_runner_r, self.to_runner = os.pipe()
+        self.from_runner, from_runner_w = os.pipe()
+        self.arena = channel.Arena(judge.device, 1 << 20 if judge.device.type == "cuda" else 64 * 2**20)
+        self.arena_size_sent = 0
+        scratch = Path(judge.spec["scratch_dir"]) / f"{label}.rank{judge.rank}"
+        scratch.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
+        env.update(PKB_RUNNER_FDS=f"{to_runner_r},{from_runner_w}", TMPDIR=str(scratch), PYTHONUNBUFFERED="1")
+        fds = [to_runner_r, from_runner_w]
+        if self.arena.fd is not None:
+            env["PKB_ARENA_FD"] = str(self.arena.fd)
+            fds.append(self.arena.fd)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pkb_tui.engine.runner"], pass_fds=fds, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=log, env=env, cwd=str(scratch), start_new_session=True,
+            )
+        finally:
+            os.close(log)
+            os.close(to_runner_r)
+            os.close(from_runner_w)
+        self.stopped = False
+        channel.send(self.to_runner, {
+            "rank": judge.rank, "world_size": judge.world_size, "mode": judge.mode, "device": str(judge.device),
+            "backend": backend_for(judge.mode), "master_addr": judge.master_addr, "port": port,
+            "scratch_dir": str(scratch), "timeout_s": max(30.0, float(judge.request.timeout_s)),
+            "sandbox": os.environ.get("PKB_SANDBOX", "1") != "0",
+        })
+        self.started = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def request(self, message: dict[str, Any], deadline: float, abort: Any = None) -> dict[str, Any]:
+        """Send one command and wait for its answer; CandidateFailure when there is none."""
+        self.resume()
+        try:
+            channel.send(self.to_runner, message)
+            while True:
+                left = deadline - _monotonic()
+                if left <= 0:
+                    raise CandidateFailure("timeout", f"the {self.label} did not answer within its timeout on rank {self.judge.rank}")
+                ready, _, _ = select.select([self.from_runner], [], [], min(0.2, left))
+                if ready:
+                    return channel.receive(self.from_runner, deadline)
+                code = self.proc.poll()
+                if code is not None:
+                    raise CandidateFailure("error", f"the {self.label}'s process on rank {self.judge.rank} exited with code {code}")
+                if abort is not None and abort():
+                    raise CandidateFailure("error", "stopped: another rank's runner failed")
+        except channel.ChannelError as exc:
+            try:  # a closed pipe usually means the process is on its way out: get its exit code
+                code = self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code is not None:
+                raise CandidateFailure("error", f"the {self.label}'s process on rank {self.judge.rank} exited with code {code}") from exc
+            if "deadline" in str(exc):
+                raise CandidateFailure("timeout", f"the {self.label} did not answer within its timeout on rank {self.judge.rank}") from exc
+            raise CandidateFailure("error", f"the {self.label} on rank {self.judge.rank} broke the protocol: {exc}") from exc
+
+    def ensure_arena(self, nbytes: int, deadline: float, abort: Any = None) -> None:
+        if nbytes > self.arena.nbytes:
+            if self.arena.fd is not None:  # CPU: the memfd grows in place; the runner maps it again
+                size = max(nbytes, 2 * self.arena.nbytes)
+                old = self.arena
+                os.ftruncate(old.fd, channel._align(size))
+                self.arena = _regrow_memfd(old, channel._align(size))
+            else:
+                self.arena = channel.Arena(self.judge.device, max(nbytes, 2 * self.arena.nbytes))
+            self.arena_size_sent = 0
+        if self.arena_size_sent != self.arena.nbytes:
+            reply = self.request({"op": "arena", "export": self.arena.export()}, deadline, abort)
+            _expect_ok(reply, self.label)
+            self.arena_size_sent = self.arena.nbytes
+
+    def pause(self) -> None:
+        """A runner does nothing between commands: SIGSTOP to its whole process group. Only once
+        every judge has its runner's answer (after a control-group collective), so no runner is
+        stopped while a peer still needs it inside a collective. The baseline runner is stopped
+        too, so both pay the same wake-up on every command."""
+        if not self.stopped and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+                self.stopped = True
+            except OSError:
+                pass
+
+    def resume(self) -> None:
+        if self.stopped:
+            try:
+                os.killpg(self.proc.pid, signal.SIGCONT)
+            except OSError:
+                pass
+            self.stopped = False
+
+    def close(self) -> None:
+        """End the runner and everything it started (its session, then any descendant)."""
+        from pkb_tui.engine.launcher import kill_process_tree
+
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            kill_process_tree(self.proc.pid, grace_s=0.5)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for fd in (self.to_runner, self.from_runner):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.arena.close()
+
+
+def _regrow_memfd(old: channel.Arena, nbytes: int) -> channel.Arena:
+    import mmap
+
+    arena = channel.Arena.__new__(channel.Arena)
+    arena.device, arena.nbytes = old.device, nbytes
+    arena._fd, arena._map = old._fd, mmap.mmap(old._fd, nbytes)
+    arena.tensor = torch.frombuffer(arena._map, dtype=torch.uint8)
+    old._fd = None  # kept open by the new arena
+    old.tensor = torch.empty(0, dtype=torch.uint8)
+    return arena
+
+
+def _expect_ok(reply: dict[str, Any], label: str) -> None:
+    if not reply.get("ok"):
+        if reply.get("raised"):
+            raise CandidateFailure("error", f"the {label} raised: {str(reply['raised'])[:2000]}")
+        raise CandidateFailure("error", str(reply.get("error") or f"the {label} refused a command")[:2000])
 
 
 class Rank:
@@ -63,11 +250,16 @@ class Rank:
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         self.log_dir = Path(spec["log_dir"])
-        self._events_file = None
+        self._event_key = bytes.fromhex(os.environ.pop("PKB_EVENT_KEY", "")) or b"unsigned"
+        self._events_file: Any = None
         self._lock = threading.Lock()
         self.current_item: int | None = None
-        self.sandbox_note: str | None = None  # why file writes are not restricted, if they are not
+        self.sandbox_note: str | None = None
+        self.runner_note: str | None = None
+        self.baseline_runner: RunnerProcess | None = None
+        self._flush: torch.Tensor | None = None
         if self.mode == "nccl":
             self.device = torch.device("cuda", self.local_rank)
         elif self.mode == "shared-gpu":
@@ -81,12 +273,13 @@ class Rank:
             return
         with self._lock:
             if self._events_file is None:
-                self._events_file = open(self.spec["events_path"], "a", buffering=1)
-            self._events_file.write(event.to_json() + "\n")
+                fd = os.open(self.spec["events_path"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+                self._events_file = os.fdopen(fd, "a", buffering=1)
+            self._events_file.write(ev.sign(self._event_key, event.to_json()) + "\n")
             self._events_file.flush()
 
     def _watchdog(self) -> None:
-        """Heartbeats for the launcher; and if the launcher died, end this rank (torchrun then ends
+        """Heartbeats for the launcher; and if the launcher died, end this judge (torchrun then ends
         the others), so no orphaned ranks run on."""
         launcher_pid = int(self.spec["launcher_pid"])
         interval = float(self.spec.get("heartbeat_s", 1.0))
@@ -95,87 +288,94 @@ class Rank:
             try:
                 os.kill(launcher_pid, 0)
             except ProcessLookupError:
+                self._end_runners()
                 os._exit(75)
             except PermissionError:
                 pass
             self.emit(ev.Heartbeat(ts=_now(), item=self.current_item))
 
     def gather(self, value: Any) -> list[Any] | None:
-        """Every rank's value on rank 0 (None elsewhere), over the gloo control group."""
         out = [None] * self.world_size if self.rank == 0 else None
         dist.gather_object(value, out, dst=0, group=self.ctrl)
         return out
 
     def agree(self, value: Any) -> list[Any]:
-        """Every rank's value on every rank."""
-        out = [None] * self.world_size
+        out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, value, group=self.ctrl)
         return out
 
     def barrier(self) -> None:
         dist.barrier(group=self.ctrl)
 
-    def _redirect_output(self, item: RunItem) -> None:
-        """This rank's stdout/stderr (its own prints and the candidate's) go to the run's log file."""
+    def _redirect_output(self, item: RunItem) -> Path:
         path = self.log_dir / f"item{item.index:03d}.rank{self.rank}.log"
         sys.stdout.flush()
         sys.stderr.flush()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        return path
 
     # ------------------------------------------------------------------ the batch
     def main(self) -> int:
-        os.chdir(self.spec["scratch_dir"])  # a candidate's relative writes land in the scratch dir
-        # Before any thread starts (Landlock binds the calling thread and what it starts later):
-        # from here on this rank writes only beneath the batch folder, temp, /dev, /proc, MPS and JIT
-        # caches (engine/sandbox.py).
+        os.chdir(self.spec["scratch_dir"])
         self.sandbox_note = self._restrict_writes()
+        _become_subreaper()  # a runner's double-forked children come back to this judge, to be ended
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         backend = backend_for(self.mode)
-        pg_timeout = timedelta(seconds=max(30.0, float(self.request.timeout_s)))
+        pg_timeout = timedelta(seconds=max(60.0, float(self.request.timeout_s) + 60.0))
         dist.init_process_group(backend=backend, timeout=pg_timeout)
-        # A separate gloo group for the harness's own messages: a candidate that leaves a collective
-        # unmatched on the default group cannot pair with (and corrupt) the harness's gathers.
         self.ctrl = dist.new_group(backend="gloo", timeout=pg_timeout)
         if backend == "nccl":
-            # Bring NCCL's communicator up with every rank taking part, so a baseline whose first
-            # call is point-to-point (batch_isend_irecv) is not the first op on a fresh group.
             dist.all_reduce(torch.zeros(1, device=self.device))
             torch.cuda.synchronize(self.device)
+        # The batch's secret: inputs come from it; no runner ever sees it.
+        secret = self.agree(secrets.randbits(62) if self.rank == 0 else None)[0]
+        self.secret_seed = int(secret) ^ int(self.request.seed)
+        self.store = dist.distributed_c10d._get_default_store()
+        self.nonce = hashlib.blake2b(f"{self.secret_seed}".encode(), digest_size=8).hexdigest()
         threading.Thread(target=self._watchdog, daemon=True, name="pkb-watchdog").start()
         host = self.host_facts()
-        pids = self.gather(os.getpid())  # so the launcher's host sampler can follow each rank's CPU use
+        pids = self.gather(os.getpid())
         self.emit(ev.BatchStarted(
             world_size=self.world_size, mode=self.mode, host=host,
-            timings_representative=self.mode != "shared-gpu",
+            timings_representative=timings_representative(self.mode),
             mps_enabled=bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")) if self.mode == "shared-gpu" else None,
             notes=self.mode_notes(), rank_pids=pids or [],
         ))
-        for item in self.items:
-            self.current_item = item.index
-            self._redirect_output(item)
-            try:
-                self.run_item(item)
-            except Exception as exc:
-                # Outside the candidate's own calls, an exception means the ranks are out of step
-                # (a peer died, a collective broke): report it and end this launch; the launcher
-                # records the run as error and relaunches the rest of the batch.
-                traceback.print_exc()
-                self.emit(ev.Error(item=item.index, where="harness", message=f"rank {self.rank}: {exc}",
-                                   traceback=traceback.format_exc(), rank=self.rank))
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(1)
-            self.current_item = None
-        self.emit(ev.BatchFinished(status="finished"))
+        try:
+            for item in self.items:
+                self.current_item = item.index
+                self._redirect_output(item)
+                try:
+                    self.run_item(item)
+                except Exception as exc:
+                    # Outside the runners, an exception means the judges are out of step (a peer
+                    # died): report it and end this launch; the launcher relaunches the rest.
+                    traceback.print_exc()
+                    self.emit(ev.Error(item=item.index, where="harness", message=f"rank {self.rank}: {exc}",
+                                       traceback=traceback.format_exc(), rank=self.rank))
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    self._end_runners()
+                    os._exit(1)
+                self.current_item = None
+            self.emit(ev.BatchFinished(status="finished"))
+        finally:
+            self._end_runners()
         try:
             dist.destroy_process_group()
-        except Exception:
+        except Exception:  # noqa: BLE001
             pass
         return 0
+
+    def _end_runners(self) -> None:
+        if self.baseline_runner is not None:
+            self.baseline_runner.close()
+            self.baseline_runner = None
+        _end_children()
 
     def _restrict_writes(self) -> str | None:
         if os.environ.get("PKB_SANDBOX", "1") == "0":
@@ -190,7 +390,7 @@ class Rank:
             mps = "on" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "off"
             notes.append(f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect")
         if self.mode == "cpu":
-            notes.append("cpu mode: gloo on CPU tensors; timings are for development, not for GPUs")
+            notes.append("cpu: for development, not a measurement (gloo on CPU tensors)")
         return notes
 
     def host_facts(self) -> dict[str, Any]:
@@ -203,17 +403,80 @@ class Rank:
 
             facts.update(host_facts())
             return facts
-        except Exception:
+        except Exception:  # noqa: BLE001
             pass
         if torch.cuda.is_available():
             facts["gpu_count"] = torch.cuda.device_count()
             facts["gpu_model"] = torch.cuda.get_device_name(self.device)
             facts["cuda_version"] = torch.version.cuda
-            try:
-                facts["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-            except Exception:
-                pass
         return facts
+
+    # ------------------------------------------------------------------ runners
+    def _port(self) -> int:
+        """A port for a runner group's rendezvous, chosen on judge 0 (which hosts runner 0)."""
+        port = None
+        if self.rank == 0:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+        return int(self.agree(port)[0])
+
+    def _start_runner(self, label: str, log_path: Path, deadline: float) -> RunnerProcess:
+        runner = RunnerProcess(self, label, self._port(), log_path)
+        failure = None
+        try:
+            reply = channel.receive(runner.from_runner, deadline)  # sent once its process group is up
+            if not reply.get("ok"):
+                failure = ("error", str(reply.get("error"))[:2000])
+            elif reply.get("sandbox_note"):
+                self.runner_note = str(reply["sandbox_note"])[:300]
+        except channel.ChannelError as exc:
+            code = runner.proc.poll()
+            failure = ("timeout" if code is None else "error",
+                       f"the {label}'s process on rank {self.rank} did not start"
+                       + (f" (exit code {code})" if code is not None else "") + f": {exc}")
+        failures = [f for f in self.agree(failure) if f]
+        if failures:
+            runner.close()
+            raise CandidateFailure(*failures[0])
+        runner.pause()
+        return runner
+
+    def _baseline_runner(self, deadline: float) -> RunnerProcess:
+        if self.baseline_runner is None or self.baseline_runner.proc.poll() is not None:
+            if self.baseline_runner is not None:
+                self.baseline_runner.close()
+            self.baseline_runner = self._start_runner("baseline", self.log_dir / f"baseline.rank{self.rank}.log", deadline)
+        return self.baseline_runner
+
+    def _abort_key(self, item: RunItem) -> str:
+        return f"pkb/{self.nonce}/abort/{item.index}"
+
+    def _aborted(self, item: RunItem) -> Any:
+        key = self._abort_key(item)
+        return lambda: self.store.check([key])
+
+    def _signal_abort(self, item_index: int | None) -> None:
+        """Tell the other judges at once that this rank's runner failed (they stop waiting on theirs)."""
+        if item_index is None:
+            return
+        try:
+            self.store.set(f"pkb/{self.nonce}/abort/{item_index}", "1")
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _agree_failure(self, item: RunItem, failure: CandidateFailure | None, *runners: RunnerProcess | None
+                       ) -> CandidateFailure | None:
+        """Every judge's failure (or None), the cause first; the runners are stopped afterwards."""
+        if failure is not None:
+            self._signal_abort(item.index)
+        got = self.agree((failure.status, failure.message) if failure else None)
+        for runner in runners:
+            if runner is not None:
+                runner.pause()
+        candidates = sorted((g for g in got if g), key=_failure_order)
+        first = candidates[0] if candidates else None
+        return CandidateFailure(*first) if first else None
 
     # ------------------------------------------------------------------ one (task, model)
     def run_item(self, item: RunItem) -> None:
@@ -221,87 +484,197 @@ class Rank:
         self.emit(ev.RunStarted(item=item.index, task=item.task, model=item.model, trials=req.trials))
         task = load_task(item.task)
         tol = task.spec.tolerance(req.dtype)
+        deadline = _monotonic() + float(req.timeout_s)
+        abort = self._aborted(item)
+        candidate: RunnerProcess | None = None
+        log_path = self.log_dir / f"item{item.index:03d}.rank{self.rank}.candidate.log"
+        try:
+            try:
+                start_s = _monotonic()
+                candidate = self._start_runner("candidate", log_path, deadline)
+                failure = None
+                try:
+                    _expect_ok(candidate.request({"op": "load", "task": item.task, "solution_path": item.solution_path},
+                                                 deadline, abort), "candidate")
+                except CandidateFailure as exc:
+                    failure = exc
+                failure = self._agree_failure(item, failure, candidate)
+                if failure is not None:
+                    raise CandidateFailure(failure.status, failure.message)
+                self._candidate_start_s = _monotonic() - start_s  # isolation's cost: spawn, group, import
+            except CandidateFailure as exc:
+                where = "candidate import" if exc.status == "error" else "candidate start"
+                self.emit(ev.Error(item=item.index, where=where, message=exc.message))
+                self.emit(ev.RunFinished(item=item.index, status=exc.status, detail=exc.message))
+                return
+            status, detail = self._trials(item, task, tol, candidate, deadline, abort)
+            if status in ("passed", "failed") and req.timing:
+                timing_status, timing_detail = self._time(item, task, tol, candidate, status == "passed", deadline, abort)
+                if timing_status != "passed":
+                    status, detail = timing_status, timing_detail
+            if status == "passed" and req.profile:
+                self._profile(item, candidate, deadline, abort)
+            self.emit(ev.RunFinished(item=item.index, status=status, detail=detail))
+        finally:
+            if candidate is not None:
+                candidate.close()
+            _end_children(keep=self.baseline_runner.pid if self.baseline_runner else None)
 
-        candidate, load_error = self._load_candidate(task, item)
-        errors = self.agree(load_error)
-        if any(errors):
-            message = next(e for e in errors if e)
-            self.emit(ev.Error(item=item.index, where="candidate import", message=message))
-            self.emit(ev.RunFinished(item=item.index, status="error", detail=message))
-            return
+    def _context(self, task: Task, item: RunItem, label: Any) -> Any:
+        req = self.request
+        return task.context(rank=self.rank, world_size=self.world_size, dtype=req.dtype, size=req.size,
+                            seed=_trial_seed(self.secret_seed, item.task, label), device=self.device, mode=self.mode)
 
+    def _trials(self, item: RunItem, task: Task, tol: Any, candidate: RunnerProcess, deadline: float,
+                abort: Any) -> tuple[str, str | None]:
+        req = self.request
         all_correct = True
-        raised: str | None = None
-        previous_outputs: Any = None
         for trial in range(req.trials):
             self.emit(ev.Progress(item=item.index, phase="trial", trial=trial, trials=req.trials))
-            ctx = task.context(rank=self.rank, world_size=self.world_size, dtype=req.dtype, size=req.size,
-                               seed=_trial_seed(req.seed, item.task, trial), device=self.device, mode=self.mode)
-            inputs = task.make_inputs(ctx)
+            inputs = task.make_inputs(self._context(task, item, trial))
             expected = task.baseline(*_clone(inputs))
             self._sync()
-            cand_inputs = _clone(inputs)
-            poison_free_memory(_nbytes(expected), self.device)
-            outputs, cmp = self._call_and_compare(candidate, cand_inputs, expected, tol)
-            if cmp.correct:
-                alias = find_aliasing(outputs, cand_inputs, [previous_outputs] if previous_outputs is not None else [])
-                if alias:
-                    cmp = Comparison(False, cmp.max_abs_error, cmp.max_rel_error, alias)
-            if outputs is None and cmp.message and cmp.message.startswith("candidate raised"):
-                raised = raised or cmp.message
-            previous_outputs = outputs
-            all_correct = self._report_trial(item, trial, cmp) and all_correct
-            del inputs, expected, cand_inputs
-        previous_outputs = None
-        raised_anywhere = [r for r in self.agree(raised) if r]
-        if raised_anywhere:
-            self.emit(ev.RunFinished(item=item.index, status="error", detail=raised_anywhere[0]))
-            return
-
-        status = "passed" if all_correct else "failed"
-        if req.timing:
-            # An incorrect candidate's time means nothing: then only the baseline is timed.
-            variants = [(v, task.baseline if v == "baseline" else candidate)
-                        for v in req.extra.get("variants", ["baseline", "candidate"]) if v != "candidate" or all_correct]
-            if variants and not self._time_variants(item, task, variants, tol):
-                status = "failed"
-        if req.profile:
-            for variant in ("baseline", "candidate"):
-                if variant == "candidate" and not all_correct:
-                    continue
-                self._profile_variant(item, task, variant, task.baseline if variant == "baseline" else candidate)
-        self.emit(ev.RunFinished(item=item.index, status=status))
-
-    def _load_candidate(self, task: Task, item: RunItem) -> tuple[Callable | None, str | None]:
-        if item.solution_path is None:
-            return task.baseline, None
-        path = Path(item.solution_path)
-        module_name = f"pkb_candidate_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
-        try:
-            spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.path.insert(0, str(path.parent))
+            failure = None
+            cmp = Comparison(False, message="not run")
             try:
-                spec.loader.exec_module(module)
-            finally:
-                if sys.path and sys.path[0] == str(path.parent):
-                    sys.path.pop(0)
-        except BaseException as exc:  # SystemExit from a candidate included
-            return None, f"{path.name} failed to import on rank {self.rank}: {type(exc).__name__}: {exc}"
-        fn = getattr(module, "solution", None)
-        if not callable(fn):
-            return None, f"{path.name} defines no callable `solution`"
-        return fn, None
+                outputs = self._call(candidate, [inputs], [expected], "eager", deadline, abort, check=True,
+                                     poison=_nbytes(expected))[1]
+                cmp = self._judge(outputs[0], expected, tol, "output")
+            except CandidateFailure as exc:
+                failure = exc
+            failure = self._agree_failure(item, failure)
+            if failure is not None:
+                self.emit(ev.Error(item=item.index, where="candidate", message=failure.message))
+                return failure.status, failure.message
+            all_correct = self._report_trial(item, trial, cmp) and all_correct
+        return ("passed" if all_correct else "failed"), None
 
-    def _call_and_compare(self, fn: Callable, inputs: tuple, expected: Any, tol) -> tuple[Any, Comparison]:
+    def _judge(self, outputs: Any, expected: Any, tol: Any, where: str) -> Comparison:
+        if isinstance(outputs, str):  # the runner could not store them: its sentence
+            return Comparison(False, None, None, outputs)
+        return compare_outputs(outputs, expected, tol, where)
+
+    def _call(self, runner: RunnerProcess, inputs: list[Any], expected: list[Any], how: str, deadline: float,
+              abort: Any, *, check: bool = False, poison: int = 0, timed: bool = False,
+              counters: Any = None, _recaptured: bool = False) -> tuple[Block, list[Any], dict[str, Any]]:
+        """Write inputs into the runner's arena, have it call once per input set, read the outputs.
+
+        Returns the block as the judge timed it, the outputs (values read from the arena, or the
+        runner's sentence when they broke the contract) and the runner's reply."""
+        layout = channel.Layout()
+        in_specs = [layout.place(x) for x in inputs]
+        out_start = layout.end
+        out_specs = [layout.place(e) for e in expected]
+        if how.startswith("graph") and _has_plain_values(out_specs):
+            return Block(0.0, 0.0, len(inputs)), [], {"ok": True, "graph_error": "not capturable: outputs with plain values"}
+        key = hashlib.blake2b(json.dumps([in_specs, out_specs]).encode(), digest_size=12).hexdigest()
+        # Every judge passes the same collectives whatever its runner did: a failure is held until
+        # the ranks agree on it (announced at once, so the other judges stop waiting on theirs).
+        failure: CandidateFailure | None = None
+        reply: dict[str, Any] = {}
         try:
-            outputs = fn(*inputs)
+            runner.ensure_arena(layout.end, deadline, abort)
+            arena = runner.arena.tensor
+            for value, spec in zip(inputs, in_specs):
+                channel.write(value, spec, arena)
+            arena[out_start:layout.end].fill_(0xFF)  # poison: a slot the runner never writes reads NaN
+            self._flush_l2()
             self._sync()
-        except BaseException as exc:  # the candidate's failure is a result, not a harness crash
-            traceback.print_exc()
-            message = f"candidate raised on rank {self.rank}: {type(exc).__name__}: {exc}"
-            return None, Comparison(False, None, None, message)
-        return outputs, compare_outputs(outputs, expected, tol)
+            _expect_ok(runner.request({"op": "prepare", "inputs": in_specs, "outputs": out_specs, "key": key},
+                                      deadline, abort), runner.label)
+        except CandidateFailure as exc:
+            failure = exc
+            self._signal_abort(self.current_item)
+        runner.resume()  # the wake-up from SIGSTOP stays outside the timed window
+        if timed:
+            self.barrier()
+        wall_us = 0.0
+        t_back = 0
+        if failure is None:
+            if counters is not None:
+                counters.start()
+            t0 = _perf_counter_ns()
+            try:
+                reply = runner.request({"op": "run", "how": how, "check": check, "poison": poison}, deadline, abort)
+                t_back = _perf_counter_ns()
+                wall_us = (t_back - t0) / 1000.0
+                _expect_ok(reply, runner.label)
+            except CandidateFailure as exc:
+                failure = exc
+                self._signal_abort(self.current_item)
+            if counters is not None:
+                counters.tick()
+        graph_error = str(reply["graph_error"])[:300] if reply.get("graph_error") else None
+        agreed = self.agree(((failure.status, failure.message) if failure else None, bool(reply.get("captured")),
+                             graph_error))
+        runner.pause()
+        failures = sorted((f for f, _, _ in agreed if f), key=_failure_order)
+        if failures:
+            raise CandidateFailure(*failures[0])
+        graph_errors = [g for _, _, g in agreed if g]
+        if graph_errors:  # one rank's runner could not capture: the method is off on every rank
+            return Block(wall_us, 0.0, len(inputs)), [], {"ok": True, "graph_error": graph_errors[0]}
+        if any(captured for _, captured, _ in agreed) and not _recaptured:
+            # This call captured the graph (its time holds the capture): time a replay instead.
+            return self._call(runner, inputs, expected, how, deadline, abort, check=check, poison=poison, timed=timed,
+                              counters=counters, _recaptured=True)
+        arena = runner.arena.tensor
+        if reply.get("graph_error"):
+            return Block(wall_us, 0.0, len(inputs)), [], reply
+        issues = reply.get("issues") or []
+        leaves = reply.get("leaves") or []
+        outputs: list[Any] = []
+        for i, spec in enumerate(out_specs):
+            issue = issues[i] if i < len(issues) and how != "graph" else None
+            if issue:
+                outputs.append(str(issue)[:500])
+                continue
+            try:
+                outputs.append(_build_output(spec, arena, leaves[i] if i < len(leaves) and how != "graph" else None))
+            except (channel.ChannelError, TypeError, ValueError, IndexError) as exc:
+                outputs.append(f"outputs unreadable: {exc}")
+        try:
+            reported = float(reply.get("device_us") or 0.0)
+        except (TypeError, ValueError):
+            reported = math.inf
+        block = Block(wall_us, reported if math.isfinite(reported) else math.inf, len(inputs))
+        try:  # where the harness's time goes (diagnosis only: CLOCK_MONOTONIC is shared by processes)
+            block.wake_in_us = (int(reply["t_in_ns"]) - t0) / 1000.0
+            block.wake_out_us = (t_back - int(reply["t_out_ns"])) / 1000.0
+        except (KeyError, TypeError, ValueError):
+            pass
+        return block, outputs, reply
+
+    def _more_rounds(self, series: dict, candidate_ok: bool, rounds_done: int, least_rounds: int, elapsed_s: float,
+                     budget_s: float, statistic: str) -> bool:
+        """Whether to time another round (engine.stats.next_round_needed on the eager figures)."""
+        if rounds_done < least_rounds:
+            return True
+        if not candidate_ok or rounds_done >= MAX_ROUNDS or self.device.type != "cuda":
+            return False  # cpu: a fixed count (its spread is the host's, not the kernels'; see stats)
+        nulls = sorted(b.wall_us for r in series[("baseline", "null")].rounds for b in r)
+        overhead = percentile(nulls, 50) if nulls else 0.0
+
+        def per_call(key: tuple[str, str]) -> list[list[float]]:
+            return [[per_call_us(b.wall_us, overhead, b.calls) for b in r] for r in series[key].rounds if r]
+
+        decision = stats.next_round_needed(per_call(("baseline", "eager")), per_call(("candidate", "eager")),
+                                           elapsed_s=elapsed_s, budget_s=budget_s, least_rounds=least_rounds,
+                                           max_rounds=MAX_ROUNDS, statistic=statistic)
+        return decision.more
+
+    def _check_timed(self, outputs: list[Any], expected: list[Any], tol: Any, round_index: int) -> str | None:
+        """Every timed call's outputs against its own expected values; None when all are right.
+        Calls whose outputs have one shape are compared in one stacked comparison."""
+        stacked_out, stacked_exp = _stack(outputs), _stack(expected)
+        if stacked_out is not None and stacked_exp is not None:
+            if self._judge(stacked_out, stacked_exp, tol, "timed outputs").correct:
+                return None
+        for k, (out, exp) in enumerate(zip(outputs, expected)):
+            cmp = self._judge(out, exp, tol, f"timed call {k} of round {round_index}")
+            if not cmp.correct:
+                return cmp.message or "a timed output was wrong"
+        return None
 
     def _report_trial(self, item: RunItem, trial: int, cmp: Comparison) -> bool:
         per_rank = self.gather({
@@ -309,148 +682,400 @@ class Rank:
             "max_rel_error": _finite(cmp.max_rel_error), "message": cmp.message,
         })
         ok_everywhere = self.agree(cmp.correct)
-        if self.rank == 0:
+        if self.rank == 0 and per_rank is not None:
             worst = max(per_rank, key=lambda r: (not r["correct"], r["max_abs_error"] or 0.0))
             message = next((f"rank {r['rank']}: {r['message']}" for r in per_rank if r["message"]), None)
+            abs_errors = [r["max_abs_error"] for r in per_rank if r["max_abs_error"] is not None]
+            rel_errors = [r["max_rel_error"] for r in per_rank if r["max_rel_error"] is not None]
             self.emit(ev.TrialResult(
                 item=item.index, trial=trial, correct=all(ok_everywhere),
-                max_abs_error=max((r["max_abs_error"] or 0.0) for r in per_rank) if any(r["max_abs_error"] is not None for r in per_rank) else None,
-                max_rel_error=max((r["max_rel_error"] or 0.0) for r in per_rank) if any(r["max_rel_error"] is not None for r in per_rank) else None,
+                max_abs_error=max(abs_errors) if abs_errors else None,
+                max_rel_error=max(rel_errors) if rel_errors else None,
                 worst_rank=worst["rank"], message=message, ranks=per_rank,
             ))
         return all(ok_everywhere)
 
-    # ------------------------------------------------------------------ timing and profile
-    def _input_copies(self, inputs: tuple) -> int:
-        """How many copies of the inputs to rotate through so timed iterations start cold in L2."""
-        if self.device.type != "cuda":
-            return 1
-        l2_bytes = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 50 * 2**20)
-        size = max(1, _nbytes(inputs))
-        if size >= 2 * l2_bytes:
-            return 1
-        return min(16, math.ceil(2 * l2_bytes / size))
-
-    def _time_variants(self, item: RunItem, task: Task, variants: list[tuple[str, Callable]], tol) -> bool:
-        """Time the variants interleaved: each warms up, then in every one of ``timing.rounds``
-        rounds each variant times a block of iterations, the order alternating round by round
-        (B C, C B, ...). Drift over the timing (clocks, heat, a neighbour process) then falls on
-        every variant alike instead of on whichever ran second. Each variant has its own input
-        copies and byte counters (read around its blocks only). False if a variant failed: it
-        raised while timed, or the candidate's timed outputs were wrong."""
+    # ------------------------------------------------------------------ timing
+    def _time(self, item: RunItem, task: Task, tol: Any, candidate: RunnerProcess, candidate_ok: bool,
+              deadline: float, abort: Any) -> tuple[str, str | None]:
+        """Baseline and candidate in interleaved rounds (B C, C B, ...), each round a block of calls
+        on fresh inputs that every variant gets alike, timed by the judge's own clock from the
+        command to the answer; the runner's harness cost (null calls that only store outputs, on
+        the baseline runner) is subtracted. Every output of every timed call is checked."""
         req = self.request
-        ctx = task.context(rank=self.rank, world_size=self.world_size, dtype=req.dtype, size=req.size,
-                           seed=_trial_seed(req.seed, item.task, "timing"), device=self.device, mode=self.mode)
-        inputs = task.make_inputs(ctx)
-        copies = self._input_copies(inputs)
-        timed = [_Timed(variant, fn, [_clone(inputs) for _ in range(copies)], _phase_counters(self.device))
-                 for variant, fn in variants]
-        expected = task.baseline(*_clone(inputs)) if any(t.variant == "candidate" for t in timed) else None
-        del inputs
-        blocks = timing.split_rounds(req.iterations, timing.ROUNDS)
-        done = 0
-        for round_index, block in enumerate(blocks):
-            last_round = round_index == len(blocks) - 1
-            for t in (timed if round_index % 2 == 0 else timed[::-1]):
-                if t.failure is not None:
-                    continue
-                self.emit(ev.Progress(item=item.index, phase="timing", variant=t.variant))
-                failure = None
-                try:
-                    samples, kept = timing.time_iterations(
-                        lambda i, t=t, offset=done: t.fn(*t.input_sets[(offset + i) % copies]),
-                        iterations=block, warmup=req.warmup if round_index == 0 else 0, device=self.device,
-                        barrier=self.barrier, keep_last=min(copies, block) if t.variant == "candidate" and last_round else 0,
-                        on_start=t.counters.start if t.counters is not None else None,
-                        between=t.counters.tick if t.counters is not None else None,
-                    )
-                    if t.counters is not None:
-                        t.phases.append(t.counters.stop(block))
-                    t.samples += samples
-                    t.kept = kept
-                except BaseException as exc:
-                    failure = f"{t.variant} raised during timing on rank {self.rank}: {type(exc).__name__}: {exc}"
-                    traceback.print_exc()
-                failures = self.agree(failure)
-                if any(failures):
-                    t.failure = next(f for f in failures if f)
-                    t.samples, t.phases, t.kept = [], [], []
-                    self.emit(ev.Error(item=item.index, where=f"timing {t.variant}", message=t.failure))
-            done += block
+        try:
+            baseline = self._baseline_runner(deadline)
+            _expect_ok(baseline.request({"op": "load", "task": item.task, "solution_path": None}, deadline), "baseline")
+            failure = None
+        except CandidateFailure as exc:
+            failure = exc
+        failure = self._agree_failure(item, failure, self.baseline_runner)
+        if failure is not None:
+            self.emit(ev.Error(item=item.index, where="baseline runner", message=failure.message))
+            return "error", failure.message
+        variants = [("baseline", baseline)] + ([("candidate", candidate)] if candidate_ok else [])
+        graph_ok = self.device.type == "cuda" and self.mode == "nccl"
+        methods = ["eager"] + (["graph"] if graph_ok else [])
+        kind = self.device.type
+        series = {(v, m): Series() for v, _ in variants for m in methods}
+        series[("baseline", "null")] = Series()
+        if "graph" in methods:
+            series[("baseline", "graph-null")] = Series()
+        phases: dict[str, list[dict]] = {v: [] for v, _ in variants}
+        counters = {v: _phase_counters(self.device) for v, _ in variants}
 
-        ok = True
-        for t in timed:
-            t.input_sets = []
-            if t.failure is not None:
-                ok = False
-                continue
-            all_samples = self.gather(t.samples)
-            link_all = self.gather(combine_phases(t.phases, req.iterations) if t.counters is not None else None)
+        def fresh(label: Any, calls: int) -> tuple[list[Any], list[Any]]:
+            inputs = [task.make_inputs(self._context(task, item, ("timing", label, k))) for k in range(calls)]
+            expected = [task.baseline(*_clone(x)) for x in inputs]
+            self._sync()
+            return inputs, expected
+
+        # Warm-up (also JIT, NCCL and graph capture) and the block size: enough calls that a block
+        # lasts ~TARGET_BLOCK_US, as many as fit the arena budget, at most MAX_CALLS_PER_BLOCK.
+        sample_inputs, sample_expected = fresh("size", 1)
+        per_call_bytes = max(1, _nbytes(sample_inputs[0]) + _nbytes(sample_expected[0]))
+        calls_by_memory = max(1, ARENA_BUDGET_BYTES[kind] // per_call_bytes)
+        warm_calls = int(min(calls_by_memory, max(2, min(8, req.warmup))))
+        failure: CandidateFailure | None = None
+        warm_us: list[float] = []
+        try:
+            inputs, expected = fresh("warmup", warm_calls)
+            for variant, runner in variants:
+                for how in methods:
+                    block, outputs, reply = self._call(runner, inputs, expected, how, deadline, abort, timed=True)
+                    if reply.get("graph_error"):
+                        series[(variant, how)].note = str(reply["graph_error"])[:300]
+                    if variant == "baseline":
+                        null_block = self._call(runner, inputs, expected, "null" if how == "eager" else "graph-null",
+                                                deadline, abort)[0]
+                        if how == "eager":  # the call's own time, the harness's share taken off
+                            warm_us.append(per_call_us(block.wall_us, null_block.wall_us, block.calls))
+        except CandidateFailure as exc:
+            failure = exc
+        failure = self._agree_failure(item, failure)
+        if failure is not None:
+            self.emit(ev.Error(item=item.index, where="timing", message=failure.message))
+            return failure.status, failure.message
+        notes = self.agree({m: series[("candidate", m)].note for m in methods} if candidate_ok else {})
+        for m in methods:
+            note = next((n.get(m) for n in notes if n.get(m)), None)
+            if note and candidate_ok:
+                series[("candidate", m)].note = note
+        warm_call_us = max(self.agree(max(warm_us) if warm_us else 1.0))
+        calls = int(max(1, min(calls_by_memory, MAX_CALLS_PER_BLOCK,
+                               math.ceil(TARGET_BLOCK_US[kind] / max(warm_call_us, 1.0)))))
+        per_round = BLOCKS_PER_ROUND[kind]
+        least_rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(req.iterations / (calls * per_round)))))
+        budget_s = min(TIMING_BUDGET_S[kind], 0.3 * float(req.timeout_s))
+        statistic = stats.round_statistic_for(self.mode)
+        timing_started = _monotonic()
+
+        wrong: str | None = None
+        round_index = 0
+        while True:
+            for key in list(series):
+                series[key].rounds.append([])
+            try:
+                for sub in range(per_round):
+                    inputs, expected = fresh((round_index, sub), calls)
+                    order = variants if (round_index + sub) % 2 == 0 else variants[::-1]
+                    for variant, runner in order:
+                        self.emit(ev.Progress(item=item.index, phase="timing", variant=variant))
+                        for how in methods:
+                            if series[(variant, how)].note:
+                                continue
+                            block, outputs, reply = self._call(
+                                runner, inputs, expected, how, deadline, abort, timed=True,
+                                counters=counters[variant] if how == "eager" else None)
+                            if how == "eager" and counters[variant] is not None:
+                                phases[variant].append(counters[variant].stop(calls))
+                            if reply.get("graph_error"):
+                                series[(variant, how)].note = str(reply["graph_error"])[:300]
+                                continue
+                            series[(variant, how)].rounds[-1].append(block)
+                            if variant == "candidate" and wrong is None:
+                                wrong = self._check_timed(outputs, expected, tol, round_index)
+                            if variant == "baseline":
+                                null_how = "null" if how == "eager" else "graph-null"
+                                null_block, _, null_reply = self._call(runner, inputs, expected, null_how, deadline,
+                                                                       abort, timed=True)
+                                if not null_reply.get("graph_error"):
+                                    series[("baseline", null_how)].rounds[-1].append(null_block)
+            except CandidateFailure as exc:
+                failure = exc
+            failure = self._agree_failure(item, failure)
+            if failure is not None:
+                self.emit(ev.Error(item=item.index, where="timing", message=failure.message))
+                return failure.status, failure.message
+            round_index += 1
+            # Adaptive: more rounds until the speedup's interval is narrow enough or the budget is
+            # spent (judge 0 decides on its own clock's figures; every judge follows).
+            more = None
             if self.rank == 0:
-                stats = timing.summarize(all_samples)
-                self.emit(ev.Timing(
-                    item=item.index, variant=t.variant, median_us=stats.median_us, p10_us=stats.p10_us,
-                    p90_us=stats.p90_us, mean_us=stats.mean_us, min_us=stats.min_us, max_us=stats.max_us,
-                    iterations=stats.iterations, input_copies=copies,
-                    per_rank_median_us=[timing.percentile(sorted(s), 50) for s in all_samples],
-                ))
-                if any(l is not None for l in link_all):
-                    self.emit(ev.LinkBytes(
-                        item=item.index, variant=t.variant, iterations=req.iterations,
-                        nvlink_bytes_per_iter=_max_field(link_all, "nvlink_bytes_per_iter"),
-                        pcie_bytes_per_iter=_max_field(link_all, "pcie_bytes_per_iter"),
-                        per_rank=[l or {} for l in link_all],
-                    ))
-            if t.variant == "candidate":
-                # The outputs of the timed iterations must be right too (a candidate that is only
-                # right when checked, or races across iterations, fails here).
-                cmp = Comparison(True, 0.0, 0.0)
-                for out in t.kept:
-                    cmp = cmp.merge(compare_outputs(out, expected, tol, "timed output"))
-                t.kept = []
-                ok = self._report_trial(item, -1, cmp) and ok
-        return ok
+                more = self._more_rounds(series, candidate_ok, round_index, least_rounds,
+                                         _monotonic() - timing_started, budget_s, statistic)
+            if not self.agree(more)[0]:
+                break
+        del inputs, expected
+        wrong_anywhere = [w for w in self.agree(wrong) if w]
+        timed_ok = not wrong_anywhere
+        if candidate_ok:
+            self._report_trial(item, -1, Comparison(timed_ok, message=None if timed_ok else wrong_anywhere[0]))
 
-    def _profile_variant(self, item: RunItem, task: Task, variant: str, fn: Callable) -> None:
-        try:
-            from collectors.profiler import profile_kernels
-        except ImportError:
-            return
-        req = self.request
-        self.emit(ev.Progress(item=item.index, phase="profile", variant=variant))
-        ctx = task.context(rank=self.rank, world_size=self.world_size, dtype=req.dtype, size=req.size,
-                           seed=_trial_seed(req.seed, item.task, "profile"), device=self.device, mode=self.mode)
-        inputs = task.make_inputs(ctx)
-        trace = str(self.log_dir / f"item{item.index:03d}.{variant}.rank{self.rank}.trace.json") if self.rank == 0 else None
-        try:
-            rows = profile_kernels(lambda: fn(*inputs), iterations=3, device=self.device, trace_path=trace)
-            error = None
-        except BaseException as exc:
-            rows, error = [], f"profiler failed on rank {self.rank}: {type(exc).__name__}: {exc}"
-        gathered = self.gather((rows, error))
-        if self.rank == 0:
-            for rank, (rank_rows, rank_error) in enumerate(gathered):
-                if rank_error:
-                    self.emit(ev.Error(item=item.index, where=f"profile {variant}", message=rank_error, rank=rank))
+        # Per block: the slowest rank's wall time; the harness cost of a block is the median of the
+        # null blocks (slowest rank each), per method.
+        gathered = self.gather({k: [[(b.wall_us, b.reported_us, b.calls, b.wake_in_us, b.wake_out_us) for b in r]
+                                    for r in s.rounds]
+                                for k, s in ((f"{k[0]}|{k[1]}", s) for k, s in series.items())})
+        link_all = {v: self.gather(combine_phases(phases[v], calls * len(phases[v])) if counters[v] is not None and phases[v] else None)
+                    for v, _ in variants}
+        tampered: str | None = None
+        if self.rank == 0 and gathered is not None:
+            tampered = self._emit_timings(item, variants, methods, series, gathered, link_all, calls)
+        tampered = self.agree(tampered)[0]
+        if tampered:
+            self.emit(ev.Error(item=item.index, where="timing", message=tampered))
+            return "failed", tampered
+        if not timed_ok:
+            return "failed", wrong_anywhere[0]
+        return "passed", None
+
+    def _emit_timings(self, item: RunItem, variants: list, methods: list[str], series: dict, gathered: list,
+                      link_all: dict, calls: int) -> str | None:
+        def rounds_of(key: str) -> list[list[tuple[float, float, int]]]:
+            """Per round, per block: the slowest rank's wall time, the least reported, the calls."""
+            per_rank = [g.get(key, []) for g in gathered]
+            count = min((len(r) for r in per_rank), default=0)
+            out = []
+            for i in range(count):
+                blocks = min(len(r[i]) for r in per_rank)
+                row = []
+                for j in range(blocks):
+                    row.append((max(r[i][j][0] for r in per_rank), min(r[i][j][1] for r in per_rank), per_rank[0][i][j][2]))
+                if row:
+                    out.append(row)
+            return out
+
+        tampered = None
+        null_eager = sorted(b[0] for r in rounds_of("baseline|null") for b in r)
+        null_graph = sorted(b[0] for r in rounds_of("baseline|graph-null") for b in r)
+        overhead = {"eager": percentile(null_eager, 50) if null_eager else 0.0,
+                    "graph": percentile(null_graph, 50) if null_graph else 0.0}
+        if getattr(self, "_candidate_start_s", None) is not None:
+            overhead["candidate_start_s"] = self._candidate_start_s
+        for which in ("wake_in", "wake_out"):  # where the harness's share goes (rank 0's baseline blocks)
+            index = 3 if which == "wake_in" else 4
+            values = sorted(b[index] for r in gathered[0].get("baseline|eager", []) for b in r if b[index] is not None)
+            if values:
+                overhead[f"{which}_us"] = percentile(values, 50)
+        for variant, _ in variants:
+            figures: dict[str, Any] = {}
+            for how in methods:
+                rows = rounds_of(f"{variant}|{how}")
+                if not rows:
                     continue
-                self.emit(ev.Kernels(item=item.index, variant=variant, rank=rank, kernels=rank_rows,
-                                     trace_path=trace if rank == 0 else None))
+                per_call = [[per_call_us(w, overhead[how], n) for w, _, n in row] for row in rows]
+                summary = summarize([v for row in per_call for v in row])
+                figures[how] = {**summary.__dict__, "rounds_us": per_call}
+                if variant == "candidate" and tampered is None:
+                    tampered = _tampered([g.get(f"candidate|{how}", []) for g in gathered], overhead[how])
+            eager = figures.get("eager")
+            if eager is None:
+                continue
+            graph_note = series[(variant, "graph")].note if (variant, "graph") in series else None
+            if self.device.type != "cuda":
+                graph_note = "no CUDA graphs off the GPU"
+            elif self.mode != "nccl":
+                graph_note = graph_note or "not capturable: gloo collectives (shared-gpu mode)"
+            self.emit(ev.Timing(
+                item=item.index, variant=variant, median_us=eager["median_us"], p10_us=eager["p10_us"],
+                p90_us=eager["p90_us"], mean_us=eager["mean_us"], min_us=eager["min_us"], max_us=eager["max_us"],
+                iterations=eager["iterations"], input_copies=calls, eager=eager, graph=figures.get("graph"),
+                graph_note=graph_note, overhead_us=overhead,
+            ))
+            links = link_all.get(variant) or []
+            if any(entry is not None for entry in links):
+                self.emit(ev.LinkBytes(
+                    item=item.index, variant=variant, iterations=eager["iterations"],
+                    nvlink_bytes_per_iter=_max_field(links, "nvlink_bytes_per_iter"),
+                    pcie_bytes_per_iter=_max_field(links, "pcie_bytes_per_iter"),
+                    per_rank=[entry or {} for entry in links],
+                ))
+        return tampered
 
+    # ------------------------------------------------------------------ profile
+    def _profile(self, item: RunItem, candidate: RunnerProcess, deadline: float, abort: Any) -> None:
+        for variant, runner in (("baseline", self.baseline_runner), ("candidate", candidate)):
+            if runner is None:
+                continue
+            self.emit(ev.Progress(item=item.index, phase="profile", variant=variant))
+            trace = str(self.log_dir / f"item{item.index:03d}.{variant}.rank{self.rank}.trace.json") if self.rank == 0 else None
+            rows: list[dict[str, Any]] = []
+            error = None
+            try:
+                reply = runner.request({"op": "profile", "iterations": 3, "trace_path": trace}, deadline, abort)
+                _expect_ok(reply, variant)
+                rows = _clean_rows(reply.get("rows"))
+            except CandidateFailure as exc:
+                error = f"profiler failed on rank {self.rank}: {exc.message}"
+            if error:
+                self._signal_abort(item.index)
+            gathered = self.gather((rows, error))
+            runner.pause()
+            if self.rank == 0 and gathered is not None:
+                for rank, (rank_rows, rank_error) in enumerate(gathered):
+                    if rank_error:
+                        self.emit(ev.Error(item=item.index, where=f"profile {variant}", message=rank_error, rank=rank))
+                        continue
+                    self.emit(ev.Kernels(item=item.index, variant=variant, rank=rank, kernels=rank_rows,
+                                         trace_path=trace if rank == 0 and variant == "candidate" else None))
+
+    # ------------------------------------------------------------------ device
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _flush_l2(self) -> None:
+        """Evict the inputs the judge just wrote from L2, so every timed call reads them cold."""
+        if self.device.type != "cuda":
+            return
+        if self._flush is None:
+            l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 50 * 2**20)
+            self._flush = torch.empty(2 * l2, dtype=torch.uint8, device=self.device)
+        self._flush.fill_(0)
 
-def _phase_counters(device: torch.device):
-    """This rank's byte counters; none off the GPU, or with PKB_PHASE_COUNTERS=0 (to see what
-    reading them costs the timings)."""
+
+def _build_output(spec: Any, arena: torch.Tensor, leaves: list[Any] | None) -> Any:
+    """The candidate's outputs as the judge reads them: tensors from the arena (cloned, so nothing
+    the runner does later can change them), plain values from the runner's answer."""
+    queue = list(leaves or [])
+
+    def walk(node: Any) -> Any:
+        kind, body = next(iter(node.items()))
+        if kind == "t":
+            return channel.build(node, arena).clone()
+        if kind == "tuple":
+            return tuple(walk(n) for n in body)
+        if kind == "list":
+            return [walk(n) for n in body]
+        if kind == "dict":
+            return {k: walk(n) for k, n in body}
+        if kind == "v":
+            if leaves is None:
+                return body
+            return queue.pop(0) if queue else None
+        return channel.build(node, arena)
+
+    return walk(spec)
+
+
+def _failure_order(entry: Any) -> int:
+    """The cause before its echoes: a runner that died or hung, then one that raised (its peers
+    often raise only because it died), then the ranks told to stop."""
+    message = str(entry[1])
+    if "exited with code" in message or entry[0] == "timeout":
+        return 0
+    return 2 if message.startswith("stopped:") else 1
+
+
+def _tampered(per_rank: list[list[list[tuple]]], overhead_us: float) -> str | None:
+    """A sentence when a runner's own reports of its blocks cannot be reconciled with the judge's
+    clock on the same rank (timing.reconcile)."""
+    for rank, rounds in enumerate(per_rank):
+        problem = reconcile([(b[0], b[1]) for blocks in rounds for b in blocks], overhead_us)
+        if problem:
+            return f"timing tampered: the candidate's runner on rank {rank} {problem}"
+    return None
+
+
+def _stack(values: list[Any]) -> Any:
+    """Values of one structure and shape stacked along a new first dimension; None otherwise."""
+    if not values or any(isinstance(v, str) for v in values):
+        return None
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        if not all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype
+                   and v.device == first.device for v in values):
+            return None
+        return torch.stack(values)
+    if isinstance(first, (tuple, list)):
+        if not all(type(v) is type(first) and len(v) == len(first) for v in values):
+            return None
+        parts = [_stack([v[i] for v in values]) for i in range(len(first))]
+        return None if any(p is None for p in parts) else type(first)(parts)
+    if isinstance(first, dict):
+        if not all(isinstance(v, dict) and v.keys() == first.keys() for v in values):
+            return None
+        parts = {k: _stack([v[k] for v in values]) for k in first}
+        return None if any(p is None for p in parts.values()) else parts
+    return None  # plain values: compared call by call
+
+
+def _has_plain_values(specs: Any) -> bool:
+    """A value description with a non-tensor leaf (a graph replay cannot produce those)."""
+    if isinstance(specs, list):
+        return any(_has_plain_values(s) for s in specs)
+    kind, body = next(iter(specs.items()))
+    if kind == "v":
+        return True
+    if kind in ("tuple", "list"):
+        return any(_has_plain_values(b) for b in body)
+    if kind == "dict":
+        return any(_has_plain_values(b) for _, b in body)
+    return False
+
+
+def _clean_rows(rows: Any) -> list[dict[str, Any]]:
+    """A runner's kernel table, kept to plain fields of plain types (it is the candidate's word)."""
+    out: list[dict[str, Any]] = []
+    if not isinstance(rows, list):
+        return out
+    for row in rows[:200]:
+        if not isinstance(row, dict):
+            continue
+        clean = {str(k)[:64]: (v if isinstance(v, (int, float, bool)) or v is None else str(v)[:300])
+                 for k, v in list(row.items())[:20]}
+        out.append(clean)
+    return out
+
+
+def _become_subreaper() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _end_children(keep: int | None = None) -> None:
+    """Kill every descendant of this judge but the runner ``keep`` (and its own descendants)."""
+    from pkb_tui.engine.launcher import _descendants, kill_process_tree
+
+    spared = set()
+    if keep is not None:
+        spared = {keep, *_descendants(keep)}
+    for pid in _descendants(os.getpid()):
+        if pid not in spared:
+            try:
+                kill_process_tree(pid, grace_s=0.2)
+            except OSError:
+                pass
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _phase_counters(device: torch.device) -> Any:
     if device.type != "cuda" or os.environ.get("PKB_PHASE_COUNTERS", "1") == "0":
         return None
     try:
         from collectors.counters import PhaseCounters
 
         return PhaseCounters(device.index if device.index is not None else 0)
-    except Exception:
+    except Exception:  # noqa: BLE001
         return None
 
 

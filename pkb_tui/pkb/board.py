@@ -11,10 +11,11 @@ Kept apart from Store.leaderboard (another issue reworks it): it reads the same 
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Iterable
+
+from pkb_tui.generate.metrics import pass_at_k
 
 FINISHED = ("passed", "failed", "error", "timeout")
 
@@ -29,12 +30,7 @@ class ProblemScore:
     latest_speedup: float | None
 
     def pass_at(self, k: int) -> float | None:
-        n, c = self.runs, self.correct_runs
-        if n < k:
-            return None
-        if n - c < k:
-            return 1.0
-        return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+        return pass_at_k(self.runs, self.correct_runs, k)  # the generation loop's estimator (generate/metrics.py)
 
     def fast(self, p: float) -> bool:
         return self.latest_correct and self.latest_speedup is not None and self.latest_speedup > p

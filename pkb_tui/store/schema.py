@@ -219,5 +219,139 @@ _V3 = [
     "CREATE INDEX rank_samples_run ON rank_samples(run_id, ts) WHERE run_id IS NOT NULL",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
+# timing: eager and CUDA-graph figures per variant, the speedup's confidence interval, the number of
+# interleaved rounds, whether the speedup is within the host's noise floor, the roofline's latency
+# term. median_us .. max_us and speedup keep meaning "the figure the user picked" (timing_method),
+# so readers that predate this keep working; eager_* / graph_* / speedup_eager* / speedup_graph*
+# hold both methods whichever was picked. calibrations grow per-message latency and noise-floor
+# rows (bandwidth_gbps becomes nullable: those rows have none; a table rebuild is how SQLite drops
+# a NOT NULL) and the mode a figure was measured in (the noise floor of cpu mode is not nccl's).
+_V_TIMING = [
+    *(f"ALTER TABLE results ADD COLUMN {column}" for column in (
+        "eager_median_us REAL", "eager_p10_us REAL", "eager_p90_us REAL",
+        "graph_median_us REAL", "graph_p10_us REAL", "graph_p90_us REAL",
+        "graph_note TEXT",  # why there is no graph figure ('not capturable: ...')
+        "speedup_low REAL", "speedup_high REAL",  # the interval of speedup (the picked method)
+        "speedup_eager REAL", "speedup_eager_low REAL", "speedup_eager_high REAL",
+        "speedup_graph REAL", "speedup_graph_low REAL", "speedup_graph_high REAL",
+        "speedup_note TEXT",                 # how the interval was made (stats.speedup_interval)
+        "within_noise INTEGER",              # 1: the host's self-check spread could explain the speedup
+        "noise_floor_fraction REAL",         # the floor it was judged against (0.03 = +-3%)
+        "rounds INTEGER",                    # interleaved rounds timed (adaptive)
+        "timing_method TEXT DEFAULT 'eager'",  # eager or graph: which figure median_us/speedup hold
+        "roofline_latency_us REAL",          # the floor's latency term (alpha x messages)
+    )),
+    """
+    CREATE TABLE calibrations_v (
+        id INTEGER PRIMARY KEY,
+        host_id INTEGER NOT NULL REFERENCES hosts(id),
+        measured_at REAL NOT NULL,
+        kind TEXT NOT NULL,         -- ... and link_latency, noise_floor
+        gpu_a INTEGER,
+        gpu_b INTEGER,
+        size_bytes INTEGER,
+        bandwidth_gbps REAL,        -- NULL for kinds that are not a bandwidth
+        latency_us REAL,            -- link_latency: per-message latency (alpha)
+        noise_floor_fraction REAL,  -- noise_floor: self-check spread, 0.03 = +-3%
+        mode TEXT,                  -- the run mode a noise floor was measured in
+        detail TEXT                 -- JSON
+    )
+    """,
+    "INSERT INTO calibrations_v (id, host_id, measured_at, kind, gpu_a, gpu_b, size_bytes, bandwidth_gbps, detail) "
+    "SELECT id, host_id, measured_at, kind, gpu_a, gpu_b, size_bytes, bandwidth_gbps, detail FROM calibrations",
+    "DROP TABLE calibrations",
+    "ALTER TABLE calibrations_v RENAME TO calibrations",
+    "CREATE INDEX calibrations_host ON calibrations(host_id, kind, measured_at)",
+]
+
+# generate: language-model endpoints writing candidates (pkb_tui.generate). A generation run asks one
+# endpoint for K samples per task and R refine rounds per sample; every request keeps its prompt
+# (by hash), its reply (raw text, finish reason, usage, latency, cost), and the candidate it gave,
+# linked to the run that evaluated it. Each row is written as soon as it exists, so a killed
+# `generate` resumes from what is stored (`generate --resume`).
+_V_GENERATE = [
+    """
+    CREATE TABLE gen_runs (
+        id INTEGER PRIMARY KEY,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        status TEXT NOT NULL DEFAULT 'running',  -- running, finished, stopped, error, interrupted
+        status_detail TEXT,
+        endpoint TEXT NOT NULL,     -- the name in models.toml
+        api TEXT NOT NULL,          -- openai or anthropic
+        base_url TEXT NOT NULL,
+        model_id TEXT NOT NULL,     -- the model asked for
+        model_slug TEXT NOT NULL,
+        endpoint_config TEXT NOT NULL,  -- JSON: the endpoint without any key (only the env var's name)
+        request TEXT NOT NULL,      -- JSON: tasks, samples, rounds, world_size, mode, size, dtype, trials
+        out_dir TEXT NOT NULL,      -- solutions/gen/<slug>/<id>
+        template_version TEXT NOT NULL,
+        launcher_pid INTEGER,
+        launcher_host TEXT
+    )
+    """,
+    """
+    CREATE TABLE gen_prompts (
+        hash TEXT PRIMARY KEY,      -- sha256 of the JSON {system, messages}
+        template TEXT NOT NULL,
+        text TEXT NOT NULL,         -- that JSON
+        first_seen_at REAL NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE gen_requests (
+        id INTEGER PRIMARY KEY,
+        gen_run_id INTEGER NOT NULL REFERENCES gen_runs(id) ON DELETE CASCADE,
+        task_id TEXT NOT NULL,
+        sample INTEGER NOT NULL,    -- 0..K-1: independent samples
+        round INTEGER NOT NULL,     -- 0: first answer; 1..R: refine rounds
+        prompt_hash TEXT NOT NULL REFERENCES gen_prompts(hash),
+        status TEXT NOT NULL DEFAULT 'pending',  -- pending, sent, replied, failed
+        error TEXT,
+        attempts INTEGER,
+        retries TEXT,               -- JSON list of sentences (what failed, how long we waited)
+        created_at REAL NOT NULL,
+        sent_at REAL,
+        finished_at REAL,
+        UNIQUE(gen_run_id, task_id, sample, round)
+    )
+    """,
+    """
+    CREATE TABLE gen_replies (
+        id INTEGER PRIMARY KEY,
+        request_id INTEGER NOT NULL UNIQUE REFERENCES gen_requests(id) ON DELETE CASCADE,
+        text TEXT NOT NULL,         -- the raw reply, whole
+        finish_reason TEXT,         -- as the API said: stop, length, end_turn, max_tokens, ...
+        resolved_model TEXT,        -- the model id the server says answered
+        prompt_tokens INTEGER,
+        completion_tokens INTEGER,
+        cached_tokens INTEGER,
+        reasoning_tokens INTEGER,
+        latency_us REAL,
+        cost_usd REAL,
+        received_at REAL NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE gen_candidates (
+        id INTEGER PRIMARY KEY,
+        request_id INTEGER NOT NULL UNIQUE REFERENCES gen_requests(id) ON DELETE CASCADE,
+        gen_run_id INTEGER NOT NULL REFERENCES gen_runs(id) ON DELETE CASCADE,
+        task_id TEXT NOT NULL,
+        sample INTEGER NOT NULL,
+        round INTEGER NOT NULL,
+        path TEXT,                  -- the solution file; NULL when the reply had no code
+        source_hash TEXT REFERENCES sources(hash),
+        extraction TEXT NOT NULL,   -- which blocks made the code, or why there is none
+        status TEXT NOT NULL,       -- pending (to evaluate), no_code, invalid, request_failed, evaluated
+        detail TEXT,                -- why a candidate was not launched
+        run_id INTEGER REFERENCES runs(id),  -- the run that evaluated it
+        created_at REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX gen_requests_run ON gen_requests(gen_run_id, round)",
+    "CREATE INDEX gen_candidates_run ON gen_candidates(gen_run_id, task_id, sample, round)",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from pkb_tui.errors import PkbError
+from pkb_tui.store.generate import GenerateStore
 from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 DEFAULT_DB = "runs.db"
@@ -68,7 +69,75 @@ def _run_filters(prefix: str, **filters: Any) -> tuple[list[str], list[Any]]:
     return where, args
 
 
-class Store:
+SPEEDUP_BASES = ("eager", "graph")  # which timing method the speedup and the leaderboard use
+
+
+def check_basis(basis: str | None) -> None:
+    if basis is not None and basis not in SPEEDUP_BASES:
+        raise PkbError(f"Unknown speedup basis {basis!r}; choose one of {', '.join(SPEEDUP_BASES)}.")
+
+
+def _with_detail(row: sqlite3.Row | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    out = dict(row)
+    out["detail"] = json.loads(out["detail"]) if out.get("detail") else None
+    return out
+
+
+def result_with_basis(result: dict[str, Any] | None, basis: str | None) -> dict[str, Any] | None:
+    """A results row as read with ``basis``'s figures (eager or graph) in median_us, p10_us, p90_us,
+    speedup, speedup_low/high and within_noise, the roofline fraction and bus bandwidth rescaled to
+    that median. None or the row's own timing_method: unchanged. Rows from before both figures were
+    stored (no eager_median_us) count as eager: that is what they measured."""
+    if result is None or basis is None or (result.get("timing_method") or "eager") == basis:
+        return result
+    out = dict(result)
+    old_median = result.get("median_us")
+    median = result.get(f"{basis}_median_us")
+    out.update(median_us=median, p10_us=result.get(f"{basis}_p10_us"), p90_us=result.get(f"{basis}_p90_us"),
+               mean_us=None, min_us=None, max_us=None, timing_method=basis)
+    out.update(speedup=result.get(f"speedup_{basis}"), speedup_low=result.get(f"speedup_{basis}_low"),
+               speedup_high=result.get(f"speedup_{basis}_high"))  # all None on the baseline's row
+    out["within_noise"] = _within_noise(out["speedup_low"], out["speedup_high"], result.get("noise_floor_fraction"))
+    floor = result.get("roofline_floor_us")
+    out["roofline_fraction"] = floor / median if (floor is not None and median) else None
+    bus = result.get("bus_bandwidth_gbps")
+    out["bus_bandwidth_gbps"] = bus * old_median / median if (bus is not None and old_median and median) else None
+    return out
+
+
+def _within_noise(low: float | None, high: float | None, floor: float | None) -> int | None:
+    """stats.within_noise on stored columns (the store does not import the engine)."""
+    if low is None or high is None:
+        return None
+    f = max(0.0, floor or 0.0)
+    return int(low <= 1.0 + f and high >= 1.0 / (1.0 + f))
+
+
+def counts_as_faster(speedup: float | None, speedup_low: float | None, threshold: float, *, has_interval: bool) -> bool:
+    """The leaderboard's rule: faster than ``threshold`` only when the interval's lower end clears
+    it. A row from before intervals were measured (has_interval False) is judged by its point."""
+    if has_interval:
+        return speedup_low is not None and speedup_low > threshold
+    return speedup is not None and speedup > threshold
+
+
+def _run_row_with_basis(row: dict[str, Any], basis: str | None) -> dict[str, Any]:
+    """A runs() row with ``basis``'s headline figures (see result_with_basis)."""
+    if basis is None or (row.get("timing_method") or "eager") == basis:
+        return row
+    row["baseline_median_us"] = row.get(f"baseline_{basis}_median_us")
+    row["candidate_median_us"] = row.get(f"candidate_{basis}_median_us")
+    row["speedup"] = row.get(f"speedup_{basis}")
+    row["speedup_low"], row["speedup_high"] = row.get(f"speedup_{basis}_low"), row.get(f"speedup_{basis}_high")
+    row["within_noise"] = _within_noise(row["speedup_low"], row["speedup_high"], row.get("noise_floor_fraction"))
+    row["candidate_roofline_fraction"] = None  # rescaled only in run(): this row lacks the floor
+    row["timing_method"] = basis
+    return row
+
+
+class Store(GenerateStore):
     """Everything the project reads from and writes to runs.db."""
 
     def __init__(self, path: Path | str | None = None, *, recover: bool = True) -> None:
@@ -241,15 +310,21 @@ class Store:
 
     def add_calibration(self, host_id: int, rows: Iterable[dict[str, Any]]) -> None:
         now = time.time()
-        values = [
-            (host_id, r.get("measured_at", now), r["kind"], r.get("gpu_a"), r.get("gpu_b"), r.get("size_bytes"),
-             r["bandwidth_gbps"], json.dumps(r.get("detail")) if r.get("detail") is not None else None)
-            for r in rows
-        ]
+        """Calibration rows: a bandwidth (bandwidth_gbps), a per-message latency (latency_us) or a
+        noise floor (noise_floor_fraction, with the mode it was measured in); at least one figure."""
+        values = []
+        for r in rows:
+            figures = (r.get("bandwidth_gbps"), r.get("latency_us"), r.get("noise_floor_fraction"))
+            if all(f is None for f in figures):
+                raise PkbError(f"Calibration row {r.get('kind')!r} has no figure; measure it or leave it out.")
+            values.append((
+                host_id, r.get("measured_at", now), r["kind"], r.get("gpu_a"), r.get("gpu_b"), r.get("size_bytes"),
+                *figures, r.get("mode"), json.dumps(r.get("detail")) if r.get("detail") is not None else None,
+            ))
         with self.transaction() as conn:
             conn.executemany(
-                "INSERT INTO calibrations (host_id, measured_at, kind, gpu_a, gpu_b, size_bytes, bandwidth_gbps, detail) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values,
+                "INSERT INTO calibrations (host_id, measured_at, kind, gpu_a, gpu_b, size_bytes, bandwidth_gbps, "
+                "latency_us, noise_floor_fraction, mode, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values,
             )
 
     def _insert(self, table: str, fields: dict[str, Any]) -> int:
@@ -264,12 +339,20 @@ class Store:
         self, *, task: str | None = None, model: str | None = None, status: str | None = None,
         host_id: int | None = None, since: float | None = None, until: float | None = None,
         order_by: str = "id", descending: bool = True, limit: int | None = 200, offset: int = 0,
+        basis: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Run history joined with both variants' headline figures: one dict per run."""
+        """Run history joined with both variants' headline figures: one dict per run. ``basis``
+        (eager or graph; None: what each run picked) chooses the figures of speedup and the times."""
+        check_basis(basis)
+        pick = {"eager": "COALESCE({t}.{eager}, CASE WHEN COALESCE({t}.timing_method, 'eager') = 'eager' THEN {t}.{col} END)",
+                "graph": "{t}.{graph}"}.get(basis or "", "{t}.{col}")
+        def picked(t: str, col: str, eager: str, graph: str) -> str:
+            return pick.format(t=t, col=col, eager=eager, graph=graph)
         sortable = {
             "id": "r.id", "task": "r.task_id", "model": "r.model", "status": "r.status",
-            "created": "r.created_at", "speedup": "c.speedup", "candidate_us": "c.median_us",
-            "baseline_us": "b.median_us",
+            "created": "r.created_at", "speedup": picked("c", "speedup", "speedup_eager", "speedup_graph"),
+            "candidate_us": picked("c", "median_us", "eager_median_us", "graph_median_us"),
+            "baseline_us": picked("b", "median_us", "eager_median_us", "graph_median_us"),
         }
         if order_by not in sortable:
             raise PkbError(f"Cannot sort runs by {order_by!r}; choose one of {', '.join(sortable)}.")
@@ -279,7 +362,15 @@ class Store:
             "b.median_us AS baseline_median_us, b.correct AS baseline_correct, "
             "c.median_us AS candidate_median_us, c.correct AS candidate_correct, c.speedup AS speedup, "
             "c.roofline_fraction AS candidate_roofline_fraction, c.trials_passed AS trials_passed, "
-            "c.trials_total AS trials_total, c.max_abs_error AS max_abs_error "
+            "c.trials_total AS trials_total, c.max_abs_error AS max_abs_error, "
+            "c.speedup_low AS speedup_low, c.speedup_high AS speedup_high, c.within_noise AS within_noise, "
+            "c.timing_method AS timing_method, c.rounds AS rounds, c.noise_floor_fraction AS noise_floor_fraction, "
+            "c.speedup_eager AS speedup_eager, c.speedup_eager_low AS speedup_eager_low, "
+            "c.speedup_eager_high AS speedup_eager_high, c.speedup_graph AS speedup_graph, "
+            "c.speedup_graph_low AS speedup_graph_low, c.speedup_graph_high AS speedup_graph_high, "
+            "b.eager_median_us AS baseline_eager_median_us, b.graph_median_us AS baseline_graph_median_us, "
+            "c.eager_median_us AS candidate_eager_median_us, c.graph_median_us AS candidate_graph_median_us, "
+            "c.graph_note AS graph_note "
             "FROM runs r LEFT JOIN hosts h ON h.id = r.host_id "
             "LEFT JOIN results b ON b.run_id = r.id AND b.variant = 'baseline' "
             "LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate'"
@@ -290,13 +381,14 @@ class Store:
         if limit is not None:
             sql += " LIMIT ? OFFSET ?"
             args += [limit, offset]
-        return [dict(row) for row in self.conn.execute(sql, args)]
+        return [_run_row_with_basis(dict(row), basis) for row in self.conn.execute(sql, args)]
 
     def count_runs(self) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
 
-    def run(self, run_id: int) -> dict[str, Any]:
-        """One run with its results (by variant), trial_results, kernels and host."""
+    def run(self, run_id: int, *, basis: str | None = None) -> dict[str, Any]:
+        """One run with its results (by variant), trial_results, kernels and host; ``basis`` as in runs()."""
+        check_basis(basis)
         row = self.conn.execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         if row is None:
             raise PkbError(f"There is no run {run_id} in {self.path}; `pkb-tui runs` lists them.")
@@ -309,7 +401,7 @@ class Store:
             result = dict(result)
             if result.get("traffic"):
                 result["traffic"] = json.loads(result["traffic"])
-            run["results"][result["variant"]] = result
+            run["results"][result["variant"]] = result_with_basis(result, basis)
         run["trial_results"] = []  # "trials" stays the count asked for
         for trial in self.conn.execute("SELECT * FROM trials WHERE run_id=? ORDER BY trial", (run_id,)):
             trial = dict(trial)
@@ -342,8 +434,8 @@ class Store:
     def latest_calibration(self, host_id: int) -> dict[str, float]:
         """The newest figure per calibration kind (and GPU pair) for a host, in GB/s."""
         rows = self.conn.execute(
-            "SELECT kind, gpu_a, gpu_b, bandwidth_gbps, MAX(measured_at) FROM calibrations WHERE host_id=? "
-            "GROUP BY kind, gpu_a, gpu_b", (host_id,),
+            "SELECT kind, gpu_a, gpu_b, bandwidth_gbps, MAX(measured_at) FROM calibrations "
+            "WHERE host_id=? AND bandwidth_gbps IS NOT NULL GROUP BY kind, gpu_a, gpu_b", (host_id,),
         ).fetchall()
         out: dict[str, float] = {}
         for row in rows:
@@ -351,14 +443,37 @@ class Store:
             out[key] = row["bandwidth_gbps"]
         return out
 
-    def leaderboard(self, *, task_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    def latest_link_latency(self, host_id: int) -> dict[str, Any] | None:
+        """The newest per-message link latency (alpha) calibrated for a host: latency_us,
+        measured_at, detail; None when never measured."""
+        row = self.conn.execute(
+            "SELECT latency_us, measured_at, detail FROM calibrations WHERE host_id=? AND kind='link_latency' "
+            "AND latency_us IS NOT NULL ORDER BY measured_at DESC, id DESC LIMIT 1", (host_id,),
+        ).fetchone()
+        return _with_detail(row)
+
+    def latest_noise_floor(self, host_id: int, mode: str) -> dict[str, Any] | None:
+        """The newest self-check spread measured on a host in ``mode``: noise_floor_fraction
+        (0.03 = self-checks read within +-3%), measured_at, mode, detail; None when never measured."""
+        row = self.conn.execute(
+            "SELECT noise_floor_fraction, measured_at, mode, detail FROM calibrations WHERE host_id=? "
+            "AND kind='noise_floor' AND mode=? AND noise_floor_fraction IS NOT NULL ORDER BY measured_at DESC, id DESC "
+            "LIMIT 1", (host_id, mode),
+        ).fetchone()
+        return _with_detail(row)
+
+    def leaderboard(self, *, task_ids: Iterable[str] | None = None, basis: str = "eager") -> list[dict[str, Any]]:
         """Per model over the latest finished run of each task: correct, fast_1, fast_1.5, geomean speedup.
 
-        fast_p counts tasks whose candidate is correct and whose speedup over the baseline is > p
-        (ParallelKernelBench's fast_p); the geometric mean runs over correct tasks with a speedup.
+        fast_p counts tasks whose candidate is correct and whose speedup's confidence interval lies
+        above p (its lower end > p): a ratio above p that the timing noise could explain is not
+        counted (ParallelKernelBench's fast_p counts the point). Runs from before intervals were
+        measured are judged by their point. The geometric mean runs over correct tasks with a
+        speedup. ``basis``: which timing method's speedup (eager or graph).
         """
+        check_basis(basis)
         sql = (
-            "SELECT r.model, r.task_id, c.correct, c.speedup FROM runs r "
+            "SELECT r.model, r.task_id, c.* FROM runs r "
             "JOIN (SELECT model, task_id, MAX(id) AS id FROM runs WHERE status NOT IN ('queued','running') "
             "      GROUP BY model, task_id) latest ON latest.id = r.id "
             "LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate'"
@@ -370,21 +485,26 @@ class Store:
         for row in self.conn.execute(sql):
             if wanted is not None and row["task_id"] not in wanted:
                 continue
+            if row["model"].startswith("gen:"):
+                continue  # generated candidates: ranked per endpoint (pkb_tui.generate.report), not per sample
             entry = board.setdefault(row["model"], {
                 "model": row["model"], "tasks": 0, "correct": 0, "fast_1": 0, "fast_1_5": 0, "_logs": [],
             })
             entry["tasks"] += 1
             if row["correct"]:
                 entry["correct"] += 1
-                speedup = row["speedup"]
+                result = result_with_basis(dict(row), basis) or {}
+                speedup = result["speedup"]
+                has_interval = row["rounds"] is not None or row["speedup_low"] is not None
                 if speedup is not None and speedup > 0:
                     entry["_logs"].append(math.log(speedup))
-                    entry["fast_1"] += speedup > 1.0
-                    entry["fast_1_5"] += speedup > 1.5
+                entry["fast_1"] += counts_as_faster(speedup, result["speedup_low"], 1.0, has_interval=has_interval)
+                entry["fast_1_5"] += counts_as_faster(speedup, result["speedup_low"], 1.5, has_interval=has_interval)
         out = []
         for entry in board.values():
             logs = entry.pop("_logs")
             entry["geomean_speedup"] = math.exp(sum(logs) / len(logs)) if logs else None
+            entry["basis"] = basis
             out.append(entry)
         return sorted(out, key=lambda e: (-e["correct"], -e["fast_1"], e["model"]))
 

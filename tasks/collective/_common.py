@@ -11,7 +11,7 @@ most elements) is still far outside it.
 
 from __future__ import annotations
 
-from tasks.base import Tolerance
+from tasks.base import EXACT_OUTPUT, OutputTolerance, Tolerance
 
 SUM_OVER_RANKS_TOLERANCES: dict[str, Tolerance] = {
     "float32": Tolerance(atol=1e-5, rtol=1e-5),
@@ -23,6 +23,10 @@ SUM_OVER_RANKS_TOLERANCES: dict[str, Tolerance] = {
 EXACT_TOLERANCES: dict[str, Tolerance] = {
     name: Tolerance(atol=0.0, rtol=0.0) for name in ("float32", "float16", "bfloat16", "float64")
 }
+
+# The same for the judge's per-output tolerances (tasks.base.OutputTolerance): the float64 run of
+# the baseline moves the same values, so its error is zero and the candidate's must be too.
+EXACT_OUTPUTS: dict[str, OutputTolerance] = {"*": EXACT_OUTPUT}
 
 # Sizes of the row-chunked collectives: rows_per_rank x cols per rank's chunk. Odd on purpose:
 # chunking and vector-width bugs hide behind powers of two. default: ~34 MB float32 per chunk.

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
-from tasks.collective._common import CHUNKED_SIZES, EXACT_TOLERANCES
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
+from tasks.collective._common import CHUNKED_SIZES, EXACT_OUTPUTS, EXACT_TOLERANCES
 
 TASK = TaskSpec(
     id="all_gather",
@@ -26,6 +26,7 @@ TASK = TaskSpec(
     sizes=CHUNKED_SIZES,
     dtypes=("float32", "bfloat16", "float16"),
     tolerances=EXACT_TOLERANCES,  # data movement only: bit-exact
+    output_tolerances=EXACT_OUTPUTS,
 )
 
 
@@ -55,5 +56,5 @@ def traffic(ctx: TaskContext) -> Traffic:
     return Traffic(
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=block_bytes + n * block_bytes,  # read the block, write the whole output
-        payload_bytes=n * block_bytes, bus_factor=(n - 1) / n,
+        payload_bytes=n * block_bytes, bus_factor=bus_factor("all_gather", n),
     )

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
-from tasks.collective._common import CHUNKED_SIZES, EXACT_TOLERANCES
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
+from tasks.collective._common import CHUNKED_SIZES, EXACT_OUTPUTS, EXACT_TOLERANCES
 
 TASK = TaskSpec(
     id="all_to_all",
@@ -24,6 +24,7 @@ TASK = TaskSpec(
     sizes=CHUNKED_SIZES,  # rows_per_rank rows go to each peer: the input has world_size times more
     dtypes=("float32", "bfloat16", "float16"),
     tolerances=EXACT_TOLERANCES,
+    output_tolerances=EXACT_OUTPUTS,
 )
 
 
@@ -54,5 +55,5 @@ def traffic(ctx: TaskContext) -> Traffic:
     return Traffic(
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=2 * n * chunk_bytes,  # read the input, write the output
-        payload_bytes=n * chunk_bytes, bus_factor=(n - 1) / n,
+        payload_bytes=n * chunk_bytes, bus_factor=bus_factor("all_to_all", n),
     )

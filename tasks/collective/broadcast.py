@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
-from tasks.collective._common import EXACT_TOLERANCES, FLAT_SIZES
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
+from tasks.collective._common import EXACT_OUTPUTS, EXACT_TOLERANCES, FLAT_SIZES
 
 ROOT = 0
 
@@ -27,6 +27,7 @@ TASK = TaskSpec(
     sizes=FLAT_SIZES,
     dtypes=("float32", "bfloat16", "float16"),
     tolerances=EXACT_TOLERANCES,
+    output_tolerances=EXACT_OUTPUTS,
 )
 
 
@@ -55,5 +56,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=size_bytes if (is_root and many) else 0,
         recv_bytes=0 if is_root else size_bytes,
         memory_bytes=2 * size_bytes,  # root: read x, write the copy; others: write what arrives (+ forward)
-        payload_bytes=size_bytes, bus_factor=1.0,
+        payload_bytes=size_bytes, bus_factor=bus_factor("broadcast", ctx.world_size),
     )

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
-from tasks.collective._common import CHUNKED_SIZES, EXACT_TOLERANCES
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
+from tasks.collective._common import CHUNKED_SIZES, EXACT_OUTPUTS, EXACT_TOLERANCES
 
 ROOT = 0
 
@@ -28,6 +28,7 @@ TASK = TaskSpec(
     sizes=CHUNKED_SIZES,
     dtypes=("float32", "bfloat16", "float16"),
     tolerances=EXACT_TOLERANCES,
+    output_tolerances=EXACT_OUTPUTS,
 )
 
 
@@ -63,5 +64,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=0 if is_root else block_bytes,
         recv_bytes=(n - 1) * block_bytes if is_root else 0,
         memory_bytes=(block_bytes + n * block_bytes) if is_root else block_bytes,
-        payload_bytes=n * block_bytes, bus_factor=(n - 1) / n,
+        payload_bytes=n * block_bytes, bus_factor=bus_factor("gather", n),
     )

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
 from tasks.collective._common import FLAT_SIZES, SUM_OVER_RANKS_TOLERANCES
 
 ROOT = 0
@@ -34,7 +34,7 @@ TASK = TaskSpec(
 
 
 def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor]:
-    return (ctx.randn(ctx.params["numel"]),)
+    return (ctx.randn_outliers(ctx.params["numel"]),)  # outlier elements: int8 transport shows
 
 
 def baseline(x: torch.Tensor) -> torch.Tensor:
@@ -62,5 +62,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         # root: read its input and what arrives (nothing at n=1), write the sum; others: read their input
         memory_bytes=(3 if n > 1 else 2) * size_bytes if is_root else size_bytes,
         flops=(n - 1) * numel // n,  # the (n-1)*numel additions, spread over the ranks
-        payload_bytes=size_bytes, bus_factor=1.0,
+        payload_bytes=size_bytes, bus_factor=bus_factor("reduce", n),
     )

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
 from tasks.collective._common import CHUNKED_SIZES, SUM_OVER_RANKS_TOLERANCES
 
 TASK = TaskSpec(
@@ -29,7 +29,7 @@ TASK = TaskSpec(
 
 
 def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor]:
-    return (ctx.randn(ctx.world_size * ctx.params["rows_per_rank"], ctx.params["cols"]),)
+    return (ctx.randn_outliers(ctx.world_size * ctx.params["rows_per_rank"], ctx.params["cols"]),)  # see randn_outliers
 
 
 def baseline(x: torch.Tensor) -> torch.Tensor:
@@ -46,17 +46,22 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[torch.Tens
 
 
 def traffic(ctx: TaskContext) -> Traffic:
-    # Each rank's n-1 foreign chunks (S bytes each) must leave it, alone or already summed with
-    # others: at least (n-1)*S out, and as many in on balance (the ring does exactly that).
-    # nccl-tests: algbw = input size (n*S) / time, busbw = algbw * (n-1)/n.
+    """The least a rank moves for a reduce-scatter of n chunks of S bytes.
+
+    Wire: each rank's n-1 foreign chunks must leave it, alone or already summed with others: at
+    least (n-1)*S out, and as many in on balance (the ring does exactly that). nccl-tests: algbw =
+    input size (n*S) / time, busbw = algbw * (n-1)/n.
+    Memory, the minimum: the input read once (n*S: each chunk by itself or by the one peer that
+    pulls it over the link into registers to add it) and the output written once (S). Staging the
+    incoming chunks (the former "+ wire") is an algorithm's choice, not needed.
+    """
     n = ctx.world_size
     chunk_elems = ctx.params["rows_per_rank"] * ctx.params["cols"]
     chunk_bytes = chunk_elems * ctx.dtype.itemsize
     wire = (n - 1) * chunk_bytes
     return Traffic(
         send_bytes=wire, recv_bytes=wire,
-        # read the input, read the n-1 incoming chunks to add them, write the output
-        memory_bytes=n * chunk_bytes + wire + chunk_bytes,
+        memory_bytes=n * chunk_bytes + chunk_bytes,
         flops=(n - 1) * chunk_elems,
-        payload_bytes=n * chunk_bytes, bus_factor=(n - 1) / n,
+        payload_bytes=n * chunk_bytes, bus_factor=bus_factor("reduce_scatter", n),
     )

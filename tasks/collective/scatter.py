@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Traffic
-from tasks.collective._common import CHUNKED_SIZES, EXACT_TOLERANCES
+from tasks.base import TaskContext, TaskSpec, Traffic, bus_factor
+from tasks.collective._common import CHUNKED_SIZES, EXACT_OUTPUTS, EXACT_TOLERANCES
 
 ROOT = 0
 
@@ -27,6 +27,7 @@ TASK = TaskSpec(
     sizes=CHUNKED_SIZES,  # rows_per_rank is the output's rows; the input has world_size times more
     dtypes=("float32", "bfloat16", "float16"),
     tolerances=EXACT_TOLERANCES,
+    output_tolerances=EXACT_OUTPUTS,
 )
 
 
@@ -57,5 +58,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=(n - 1) * chunk_bytes if is_root else 0,
         recv_bytes=0 if is_root else chunk_bytes,
         memory_bytes=(n * chunk_bytes + chunk_bytes) if is_root else chunk_bytes,
-        payload_bytes=n * chunk_bytes, bus_factor=(n - 1) / n,
+        payload_bytes=n * chunk_bytes, bus_factor=bus_factor("scatter", n),
     )

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 TASK = TaskSpec(
     id="cp_ring_attention",
@@ -73,10 +73,10 @@ def baseline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     kv_heads = k.shape[1]
     chunk = rows // 2
     # [Hkv, group, rows, D]: the q heads sharing a kv head broadcast against its [Hkv, 1, *, D] block.
-    q_grouped = (q.float() * head_dim ** -0.5).permute(1, 0, 2).reshape(kv_heads, q_heads // kv_heads, rows, head_dim)
-    row_max = torch.full(q_grouped.shape[:-1], float("-inf"), device=q.device)
-    row_sum = torch.zeros(q_grouped.shape[:-1], device=q.device)
-    acc = torch.zeros(q_grouped.shape, device=q.device)
+    q_grouped = (q.to(accumulate_dtype(q)) * head_dim ** -0.5).permute(1, 0, 2).reshape(kv_heads, q_heads // kv_heads, rows, head_dim)
+    row_max = torch.full(q_grouped.shape[:-1], float("-inf"), dtype=q_grouped.dtype, device=q.device)
+    row_sum = torch.zeros(q_grouped.shape[:-1], dtype=q_grouped.dtype, device=q.device)
+    acc = torch.zeros(q_grouped.shape, dtype=q_grouped.dtype, device=q.device)
     diagonal_mask = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu_(1)
     my_chunks = (rank, 2 * n - 1 - rank)
 
@@ -87,7 +87,7 @@ def baseline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # TransformerEngine overlaps this hop with the block below; the baseline does not.
             incoming = torch.empty_like(kv)
             _comm.sendrecv(kv, (rank + 1) % n, incoming, (rank - 1) % n)
-        keys, values = kv.float().permute(0, 2, 1, 3).unsqueeze(2)  # each [Hkv, 1, rows, D]
+        keys, values = kv.to(q_grouped.dtype).permute(0, 2, 1, 3).unsqueeze(2)  # each [Hkv, 1, rows, D]
         for qi, q_chunk in enumerate(my_chunks):
             q_rows = slice(qi * chunk, (qi + 1) * chunk)
             for ki, kv_chunk in enumerate((src, 2 * n - 1 - src)):
@@ -129,12 +129,22 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[torch.Tens
 
 
 def traffic(ctx: TaskContext) -> Traffic:
-    # Keys+values of one chunk: c * 2*Hkv*D*b bytes (moving kv, not q, is the cheaper side with
-    # Hkv <= Hq). Rank r's queries need, from each rank s < r, only s's first chunk (its second lies
-    # in r's future), and from each s > r both chunks: r*c + 2c*(n-1-r) rows in. Its own first
-    # chunk is needed by all n-1 peers, its second by the r ranks below it: (n-1+r)*c rows out.
-    # (The ring moves 2c*(n-1) rows each way.) FLOPs: the zigzag layout gives every rank (2n-1)
-    # full chunk pairs plus two causal diagonal ones, 4*D flops per (query, key) pair per q head.
+    """The least a rank moves for its share of causal ring attention (zigzag layout).
+
+    Wire: keys+values of one chunk are c * 2*Hkv*D*b bytes (moving kv, not q, is the cheaper side
+    with Hkv <= Hq). Rank r's queries need, from each rank s < r, only s's first chunk (its second
+    lies in r's future), and from each s > r both chunks: r*c + 2c*(n-1-r) rows in. Its own first
+    chunk is needed by all n-1 peers, its second by the r ranks below it: (n-1+r)*c rows out.
+    (The ring moves 2c*(n-1) rows each way.)
+    Memory, the minimum: q read and the output written once, its own k/v read once. Incoming k/v
+    need not touch this rank's HBM: a kernel that loads the peers' rows over the links straight
+    into shared memory consumes them there; and the peers' loads of this rank's rows are served by
+    its L2 (remote reads go through the owner's L2) while they are resident after its own read
+    (a rank's k/v is 25 MB at default size in bfloat16, under an H100/H200's 50 MB L2). The former
+    model staged incoming k/v, written and read again: up to 3.8x this.
+    FLOPs: the zigzag layout gives every rank (2n-1) full chunk pairs plus two causal diagonal
+    ones, 4*D flops per (query, key) pair per q head.
+    """
     p, n, r, b = ctx.params, ctx.world_size, ctx.rank, ctx.dtype.itemsize
     c, hq, hkv, d = p["chunk"], p["q_heads"], p["kv_heads"], p["head_dim"]
     kv_row_bytes = 2 * hkv * d * b
@@ -144,7 +154,7 @@ def traffic(ctx: TaskContext) -> Traffic:
     local_bytes = 2 * c * (2 * hq * d * b + kv_row_bytes)  # read q, k, v, write out
     return Traffic(
         send_bytes=send, recv_bytes=recv,
-        memory_bytes=local_bytes + 2 * recv,  # incoming kv written once, read once
+        memory_bytes=local_bytes,
         flops=4 * d * hq * pairs,
-        payload_bytes=n * 2 * c * kv_row_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=n * 2 * c * kv_row_bytes, bus_factor=bus_factor("all_gather", n),
     )

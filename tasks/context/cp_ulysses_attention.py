@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="cp_ulysses_attention",
@@ -89,5 +89,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=4 * tensor_bytes + 2 * 4 * tensor_bytes + tensor_bytes,
         flops=4 * d * (heads // n) * seq * (seq + 1) // 2,
-        payload_bytes=4 * tensor_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=4 * tensor_bytes, bus_factor=bus_factor("all_to_all", n),
     )

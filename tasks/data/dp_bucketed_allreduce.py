@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 FIRST_BUCKET_CAP_BYTES = 1 * 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 BUCKET_CAP_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
@@ -61,7 +61,7 @@ def _grad_shapes(hidden: int, ffn: int) -> list[tuple[int, ...]]:
 
 def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, ...]:
     shapes = _grad_shapes(ctx.params["hidden"], ctx.params["ffn"])
-    return tuple(ctx.randn(*shape, stream=i) for i, shape in enumerate(shapes))
+    return tuple(ctx.randn_outliers(*shape, stream=i) for i, shape in enumerate(shapes))  # gradients with outliers
 
 
 def bucket_assignment(grads: tuple[torch.Tensor, ...]) -> list[list[int]]:
@@ -102,17 +102,21 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[tuple[torc
 
 
 def traffic(ctx: TaskContext) -> Traffic:
-    # All-reduce of all gradient bytes S: 2(n-1)/n * S each way, bucketing or not. Memory: read
-    # the gradients, write the averages, plus the incoming chunks read by the reduction (the
-    # baseline's flatten and copy-back add 2S of its own). FLOPs: a division and (n-1)/n adds per
-    # element.
+    """The least a rank moves to average S bytes of gradients.
+
+    Wire: an all-reduce of S, 2(n-1)/n * S each way, bucketing or not.
+    Memory, the minimum (as all_reduce's): the gradients read once and the averages written once,
+    2S; the reduction happens in registers as peers' chunks are pulled, so nothing is staged (the
+    baseline's flatten and copy-back add 2S of its own, its staged chunks another 2(n-1)/n * S).
+    FLOPs: a division and (n-1)/n adds per element.
+    """
     n, b = ctx.world_size, ctx.dtype.itemsize
     numel = sum(torch.Size(s).numel() for s in _grad_shapes(ctx.params["hidden"], ctx.params["ffn"]))
     size_bytes = numel * b
     wire = 2 * (n - 1) * size_bytes // n
     return Traffic(
         send_bytes=wire, recv_bytes=wire,
-        memory_bytes=2 * size_bytes + wire,
+        memory_bytes=2 * size_bytes,
         flops=numel + (n - 1) * numel // n,
-        payload_bytes=size_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=size_bytes, bus_factor=bus_factor("all_reduce", n),
     )

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 TASK = TaskSpec(
     id="dp_contrastive_loss",
@@ -66,7 +66,8 @@ def baseline(
     logits_per_image = logit_scale * image_features @ all_text.T
     logits_per_text = logit_scale * text_features @ all_image.T
     labels = torch.arange(batch, device=image_features.device) + rank * batch
-    loss = (F.cross_entropy(logits_per_image.float(), labels) + F.cross_entropy(logits_per_text.float(), labels)) / 2
+    wide = accumulate_dtype(logits_per_image)  # float32 (float64 for the judge's truth)
+    loss = (F.cross_entropy(logits_per_image.to(wide), labels) + F.cross_entropy(logits_per_text.to(wide), labels)) / 2
     return {"loss": loss, "logits_per_image": logits_per_image}
 
 
@@ -80,7 +81,7 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[dict[str, 
         logits_per_text = scale * text.double() @ all_image.T
         labels = torch.arange(image.shape[0]) + rank * image.shape[0]
         loss = (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
-        out.append({"loss": loss.float(), "logits_per_image": logits_per_image.to(ctx.dtype)})
+        out.append({"loss": loss.to(accumulate_dtype(ctx.dtype)), "logits_per_image": logits_per_image.to(ctx.dtype)})
     return out
 
 
@@ -97,5 +98,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=features_bytes + 2 * n * features_bytes + batch * n * batch * b,
         flops=4 * batch * n * batch * dim + 10 * batch * n * batch,
-        payload_bytes=n * features_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=n * features_bytes, bus_factor=bus_factor("all_gather", n),
     )

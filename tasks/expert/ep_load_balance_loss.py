@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 TASK = TaskSpec(
     id="ep_load_balance_loss",
@@ -63,18 +63,18 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor]:
 def baseline(router_logits: torch.Tensor, topk_idx: torch.Tensor) -> dict[str, torch.Tensor]:
     tokens, experts = router_logits.shape
     top_k = topk_idx.shape[1]
-    logits = router_logits.float()
+    logits = router_logits.to(accumulate_dtype(router_logits))
     probs = torch.softmax(logits, dim=-1)
     counts = torch.bincount(topk_idx.reshape(-1), minlength=experts)
-    token_count = torch.tensor(float(tokens), device=logits.device)
+    token_count = torch.tensor(float(tokens), dtype=logits.dtype, device=logits.device)
     z_sum = torch.logsumexp(logits, -1).pow(2).sum()
     stats = torch.cat([counts.double(), probs.sum(0).double(), torch.stack([token_count, z_sum]).double()])
     _comm.all_reduce(stats)  # [counts (E) | probability sums (E) | T | sum of z]
     global_counts, prob_sums, (total_tokens, z_sum) = stats[:experts], stats[experts:2 * experts], stats[2 * experts:]
     aux_loss = experts / (top_k * total_tokens ** 2) * (global_counts * prob_sums).sum()
     return {
-        "aux_loss": aux_loss.float(),
-        "z_loss": (z_sum / total_tokens).float(),
+        "aux_loss": aux_loss.to(logits.dtype),  # float32 (float64 for the judge's truth)
+        "z_loss": (z_sum / total_tokens).to(logits.dtype),
         "tokens_per_expert": global_counts.round().long(),
     }
 
@@ -90,8 +90,8 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[dict[str, 
     fraction_routed = counts.double() / (tokens * top_k)
     mean_prob = torch.softmax(logits, -1).mean(0)
     result = {
-        "aux_loss": (experts * (fraction_routed * mean_prob).sum()).float(),
-        "z_loss": torch.logsumexp(logits, -1).pow(2).mean().float(),
+        "aux_loss": (experts * (fraction_routed * mean_prob).sum()).to(accumulate_dtype(ctx.dtype)),
+        "z_loss": torch.logsumexp(logits, -1).pow(2).mean().to(accumulate_dtype(ctx.dtype)),
         "tokens_per_expert": counts,
     }
     return [result for _ in inputs_per_rank]
@@ -110,5 +110,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=tokens * experts * b + tokens * top_k * 8 + experts * 8 + 8,
         flops=6 * tokens * experts,
-        payload_bytes=payload, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=payload, bus_factor=bus_factor("all_reduce", n),
     )

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 TASK = TaskSpec(
     id="ep_moe_dispatch_combine",
@@ -71,6 +71,9 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, ...]:
     topk_idx, topk_weight = _routing(ctx)
     local_experts = p["experts"] // ctx.world_size
     expert_weight = ctx.randn(local_experts, p["hidden"], p["hidden"], stream=2, dtype=torch.float32)
+    # Outlier output channels (the same for every expert and rank), so int8 transport of the
+    # expert outputs on the way back shows (TaskContext.randn_outliers).
+    expert_weight = expert_weight * ctx.outlier_scales(p["hidden"], stream=2)
     return x, topk_idx, topk_weight, (expert_weight / math.sqrt(p["hidden"])).to(ctx.dtype)
 
 
@@ -110,8 +113,8 @@ def baseline(
 
     # Un-permute: weight each returned row and add it to its token, in float32.
     row_weight = topk_weight.reshape(-1).index_select(0, order).unsqueeze(-1)
-    out = torch.zeros((tokens, x.shape[1]), dtype=torch.float32, device=x.device)
-    out.index_add_(0, token_of_row, returned.float() * row_weight)
+    out = torch.zeros((tokens, x.shape[1]), dtype=accumulate_dtype(x), device=x.device)
+    out.index_add_(0, token_of_row, returned.to(out.dtype) * row_weight)
     return out.to(x.dtype)
 
 
@@ -155,5 +158,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=2 * tokens * hidden * b + local_experts * hidden * hidden * b + 3 * rows_here * hidden * b,
         flops=2 * rows_here * hidden * hidden + 2 * tokens * top_k * hidden,
-        payload_bytes=2 * tokens * top_k * hidden * b, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=2 * tokens * top_k * hidden * b, bus_factor=bus_factor("all_to_all", n),
     )

@@ -16,7 +16,7 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 MAX_NORM = 1.0
 
@@ -74,8 +74,9 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, ...]:
 
 
 def baseline(*grad_shards: torch.Tensor):
-    shard_norms = [torch.linalg.vector_norm(g, 2, dtype=torch.float32) for g in grad_shards]
-    total_sq = torch.linalg.vector_norm(torch.stack(shard_norms), 2, dtype=torch.float32).square()
+    wide = accumulate_dtype(grad_shards[0])  # float32 (float64 for the judge's truth)
+    shard_norms = [torch.linalg.vector_norm(g, 2, dtype=wide) for g in grad_shards]
+    total_sq = torch.linalg.vector_norm(torch.stack(shard_norms), 2, dtype=wide).square()
     _comm.all_reduce(total_sq)
     total_norm = total_sq.sqrt()
     clip_coef = torch.clamp(MAX_NORM / (total_norm + 1e-6), max=1.0)
@@ -88,7 +89,7 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[tuple]:
     total_norm = math.sqrt(total_sq)
     coef = min(1.0, MAX_NORM / (total_norm + 1e-6))
     return [
-        (torch.tensor(total_norm, dtype=torch.float32), *((g.double() * coef).to(ctx.dtype) for g in inputs))
+        (torch.tensor(total_norm, dtype=accumulate_dtype(ctx.dtype)), *((g.double() * coef).to(ctx.dtype) for g in inputs))
         for inputs in inputs_per_rank
     ]
 
@@ -104,5 +105,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=3 * local_elems * ctx.dtype.itemsize,
         flops=3 * local_elems,
-        payload_bytes=4, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=4, bus_factor=bus_factor("all_reduce", n),
     )

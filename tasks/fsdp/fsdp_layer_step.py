@@ -19,7 +19,7 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="fsdp_layer_step",
@@ -131,5 +131,5 @@ def traffic(ctx: TaskContext) -> Traffic:
     return Traffic(
         send_bytes=wire, recv_bytes=wire, memory_bytes=memory,
         flops=6 * t * fin * fout + (n - 1) * full_bytes // (n * b),
-        payload_bytes=full_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=full_bytes, bus_factor=bus_factor("all_reduce", n),
     )

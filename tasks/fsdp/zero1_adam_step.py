@@ -19,12 +19,17 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
-LR = 1e-3
+# lr and weight decay are large on purpose: every step of AdamW must move the parameters by more
+# than their bf16 rounding (median relative error ~eps/8 = 1e-3, the judge allows ~4e-3). With
+# params ~N(0, 1) and these moments, the update is ~2.5% of a parameter, the bias correction
+# changes it ~6x (8% of a parameter), the decay is lr * wd = 3%: a candidate skipping any of them
+# fails in every dtype. The second moment's update (~0.1/n relative) shows in exp_avg_sq itself.
+LR = 0.1
 BETA1, BETA2 = 0.9, 0.999
 EPS = 1e-8
-WEIGHT_DECAY = 0.01
+WEIGHT_DECAY = 0.3
 STEP = 5  # the optimizer step being taken (bias correction 1 - beta^STEP)
 
 TASK = TaskSpec(
@@ -43,8 +48,8 @@ TASK = TaskSpec(
         "large": {"numel": 1_300_000_001},
     },
     dtypes=("float32", "bfloat16"),
-    # Parameters: |update| <= lr * ~sqrt(1/(1-beta2)) / (1/(1-beta1)) ~ 1e-2 relative, computed in
-    # fp32, so new params carry one rounding to the dtype. Moments: computed in fp32 from a gradient
+    # (compare_outputs; the judge uses the default output tolerances, k = 3 over the baseline's own
+    # error.) Parameters: the update is computed in fp32, so new params carry one rounding to the dtype. Moments: computed in fp32 from a gradient
     # averaged in the dtype over up to 8 ranks (bf16: up to 7 roundings of partial sums ~3x the
     # result, /n -> ~1e-2 abs on a gradient of std 1/sqrt(n)); exp_avg sees 0.1x of that error,
     # exp_avg_sq 0.001x of twice the relative error.
@@ -90,11 +95,12 @@ def baseline(params: torch.Tensor, grads: torch.Tensor, exp_avg_shard: torch.Ten
     grad_shard = torch.empty(s, dtype=grads.dtype, device=grads.device)
     _comm.reduce_scatter_single(grad_shard, padded_grads)
 
-    param_shard = torch.zeros(s, dtype=torch.float32, device=params.device)  # the last one padded
+    # float32 (float64 when the judge runs this on float64 copies for the truth), the last one padded
+    param_shard = torch.zeros(s, dtype=exp_avg_shard.dtype, device=params.device)
     owned = params[rank * s:(rank + 1) * s]
     param_shard[: owned.numel()] = owned
     new_param_shard, new_exp_avg, new_exp_avg_sq = _adamw(
-        param_shard, grad_shard.float() / n, exp_avg_shard, exp_avg_sq_shard,
+        param_shard, grad_shard.to(exp_avg_shard.dtype) / n, exp_avg_shard, exp_avg_sq_shard,
     )
 
     gathered = torch.empty(n * s, dtype=params.dtype, device=params.device)
@@ -114,27 +120,37 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[tuple]:
     exp_avg_sq = torch.cat([inputs[3].double() for inputs in inputs_per_rank])
     new_params, new_avg, new_avg_sq = _adamw(params, grad, exp_avg, exp_avg_sq)
     new_params = new_params[:numel].to(ctx.dtype)
+    moments = inputs_per_rank[0][2].dtype  # float32 (float64 for the truth)
     return [
-        (new_params.clone(), new_avg[r * s:(r + 1) * s].float(), new_avg_sq[r * s:(r + 1) * s].float())
+        (new_params.clone(), new_avg[r * s:(r + 1) * s].to(moments), new_avg_sq[r * s:(r + 1) * s].to(moments))
         for r in range(n)
     ]
 
 
 def traffic(ctx: TaskContext) -> Traffic:
-    # G = n*S*b bytes of padded gradients/parameters. Reduce-scatter: (n-1)/n*G out and in; all-gather
-    # of the parameters: the same again -- the traffic of one all-reduce (hence DeepSpeed's claim
-    # that ZeRO-1/2 costs no more communication than DDP). Payload G with the all-reduce factor.
-    # Memory: the grads read into a padded buffer (written, read by the reduce-scatter), the
-    # incoming chunks reduced, the shard's fp32 moments read and written (16 B/elem), the parameter
-    # shard read and written, the gathered parameters written. FLOPs: the reduction plus ~12 per element of AdamW.
+    """The least a rank moves for one ZeRO-1 step of N parameters (shard S = ceil(N/n), b bytes each).
+
+    Wire: G = n*S*b bytes of padded gradients/parameters. Reduce-scatter: (n-1)/n*G out and in;
+    all-gather of the parameters: the same again -- the traffic of one all-reduce (hence
+    DeepSpeed's claim that ZeRO-1/2 costs no more communication than DDP). Payload G with the
+    all-reduce factor.
+    Memory, the minimum: every gradient read once (N*b: this rank's contribution to every shard,
+    read by itself or pulled by the peer that owns the shard), the owned parameter shard read
+    (S*b), the fp32 moments read and written (16 B per shard element), every new parameter
+    written once (N*b: a fused kernel stores the updated shard straight into every rank's output).
+    Padding buffers, staged chunks and the fp32 parameter copy the baseline makes are its own
+    choices, not needed (the former model counted them: 1.3-2.5x this).
+    FLOPs: the reduction plus ~12 per element of AdamW.
+    """
     n = ctx.world_size
     b = ctx.dtype.itemsize
     s = _shard_numel(ctx)
     full_bytes = n * s * b
     wire = 2 * (n - 1) * full_bytes // n
-    memory = 3 * full_bytes + 2 * (n - 1) * full_bytes // n + s * (16 + 2 * b) + full_bytes
+    numel_bytes = ctx.params["numel"] * b
+    memory = 2 * numel_bytes + s * (16 + b)
     return Traffic(
         send_bytes=wire, recv_bytes=wire, memory_bytes=memory,
         flops=(n - 1) * s + 12 * s,
-        payload_bytes=full_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=full_bytes, bus_factor=bus_factor("all_reduce", n),
     )

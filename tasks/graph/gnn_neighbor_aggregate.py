@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype
 from tasks.graph import gnn_halo_exchange as halo_exchange
 
 TASK = TaskSpec(
@@ -74,7 +74,7 @@ def baseline(features: torch.Tensor, send_indices: torch.Tensor, send_counts: to
              weight_self: torch.Tensor, weight_neigh: torch.Tensor) -> torch.Tensor:
     halo = halo_exchange.baseline(features, send_indices, send_counts, recv_counts)
     table = torch.cat([features, halo])
-    neigh_mean = _mean_over_in_edges(table, edge_src, edge_dst, features.shape[0], torch.float32)
+    neigh_mean = _mean_over_in_edges(table, edge_src, edge_dst, features.shape[0], accumulate_dtype(features))
     return features @ weight_self.t() + neigh_mean.to(features.dtype) @ weight_neigh.t()
 
 

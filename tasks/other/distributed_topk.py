@@ -18,7 +18,7 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import EXACT_OUTPUT, TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 K = 50  # the usual top-k of sampling (Hugging Face generate's default top_k)
 
@@ -41,6 +41,7 @@ TASK = TaskSpec(
     dtypes=("float32", "float64"),
     # Values are selected, not computed: bit-exact, as are the indices.
     tolerances={name: Tolerance(atol=0.0, rtol=0.0) for name in ("float32", "float64")},
+    output_tolerances={"*": EXACT_OUTPUT},  # the float64 baseline moves/selects the same values: exact
 )
 
 
@@ -94,5 +95,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=shard * ctx.dtype.itemsize + 3 * n * candidate_bytes,
         flops=shard,
-        payload_bytes=n * candidate_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=n * candidate_bytes, bus_factor=bus_factor("all_gather", n),
     )

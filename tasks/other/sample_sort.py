@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import EXACT_OUTPUT, TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 SAMPLES_PER_RANK = 64
 
@@ -39,6 +39,7 @@ TASK = TaskSpec(
     dtypes=("float32", "bfloat16", "float64"),
     # Sorting moves keys and never computes new ones: bit-exact in every dtype.
     tolerances={name: Tolerance(atol=0.0, rtol=0.0) for name in ("float32", "bfloat16", "float64")},
+    output_tolerances={"*": EXACT_OUTPUT},  # the float64 baseline moves/selects the same values: exact
 )
 
 
@@ -110,5 +111,5 @@ def traffic(ctx: TaskContext) -> Traffic:
     recv = (n - 1) * bucket * b // n + extra
     return Traffic(
         send_bytes=send, recv_bytes=recv, memory_bytes=3 * (mine + bucket) * b,
-        payload_bytes=mine * b, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=mine * b, bus_factor=bus_factor("all_to_all", n),
     )

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 GAIN = 1.5  # as in pp_send_recv_microbatches: O(1) activations and gradients through any depth
 
@@ -71,8 +71,8 @@ def baseline(micro_batches: torch.Tensor, loss_grads: torch.Tensor, weight: torc
     first, last = rank == 0, rank == n - 1
     count, tokens = micro_batches.shape[:2]
     hidden = weight.shape[0]
-    grad_weight = torch.zeros(hidden, hidden, dtype=torch.float32, device=weight.device)
-    grad_bias = torch.zeros(hidden, dtype=torch.float32, device=weight.device)
+    grad_weight = torch.zeros(hidden, hidden, dtype=accumulate_dtype(weight), device=weight.device)
+    grad_bias = torch.zeros(hidden, dtype=accumulate_dtype(weight), device=weight.device)
     stash: deque = deque()  # (input, pre-activation) of micro-batches awaiting their backward
     next_input = iter(range(count))
     next_loss_grad = iter(range(count))
@@ -128,8 +128,8 @@ def baseline(micro_batches: torch.Tensor, loss_grads: torch.Tensor, weight: torc
         if grad_y is None:  # last stage: the loss head's gradient
             grad_y = loss_grads[next(next_loss_grad)]
         grad_pre = torch.ops.aten.gelu_backward(grad_y, pre)
-        grad_weight.add_(torch.mm(grad_pre.t(), x).float())
-        grad_bias.add_(grad_pre.float().sum(0))
+        grad_weight.add_(torch.mm(grad_pre.t(), x).to(grad_weight.dtype))
+        grad_bias.add_(grad_pre.to(grad_bias.dtype).sum(0))
         return None if first else torch.mm(grad_pre, weight)
 
     warmup = min(n - rank - 1, count)
@@ -157,7 +157,8 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[tuple]:
         for weight, bias in params:
             y = F.gelu(y @ weight.t() + bias)
         y.backward(inputs_per_rank[-1][1].double())
-    return [(weight.grad.float(), bias.grad.float()) for weight, bias in params]
+    wide = accumulate_dtype(ctx.dtype)  # float32 (float64 for the truth)
+    return [(weight.grad.to(wide), bias.grad.to(wide)) for weight, bias in params]
 
 
 def traffic(ctx: TaskContext) -> Traffic:
@@ -169,6 +170,8 @@ def traffic(ctx: TaskContext) -> Traffic:
     # weight read twice and the float32 gradients written once. FLOPs per micro-batch: the forward
     # GEMM and the weight-gradient GEMM, plus the input-gradient GEMM on every stage but the first
     # (stage 0 has no one to send it to; counting it there put an H200 at 109% of the floor).
+    # Messages: stage 0's weight gradient needs activations forward through n-1 boundaries and their
+    # gradients back through n-1, one after another: 2(n-1) dependent messages.
     n, r = ctx.world_size, ctx.rank
     p = ctx.params
     b = ctx.dtype.itemsize
@@ -180,5 +183,6 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=send, recv_bytes=send,
         memory_bytes=11 * act_bytes + 2 * (h * h + h) * b + 4 * (h * h + h),
         flops=(6 if r > 0 else 4) * act_elems * h + 20 * act_elems,
-        payload_bytes=send, bus_factor=1.0,
+        payload_bytes=send, bus_factor=bus_factor("sendrecv", n),
+        messages=max(1, 2 * (n - 1)),
     )

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 # Weights ~ N(0, (GAIN^2)/H): gelu of a unit-variance input has RMS ~0.65, so a gain of 1.5 keeps the
 # activations O(1) through any number of stages (a well-initialised network), and errors comparable.
@@ -102,6 +102,8 @@ def traffic(ctx: TaskContext) -> Traffic:
     # and receives them from r-1 (unless first). Point-to-point: nccl-tests' sendrecv counts
     # busbw = algbw, factor 1, over the bytes one rank sends. Memory: the input and weight read, the
     # activations written. FLOPs: the GEMM of each micro-batch (plus the bias and gelu).
+    # Messages: the last stage's output needs the data to cross n-1 boundaries one after another
+    # (each stage computes before it can send), however the micro-batches are grouped.
     n, r = ctx.world_size, ctx.rank
     p = ctx.params
     b = ctx.dtype.itemsize
@@ -112,5 +114,6 @@ def traffic(ctx: TaskContext) -> Traffic:
         recv_bytes=act_bytes if r > 0 else 0,
         memory_bytes=2 * act_bytes + (p["hidden"] ** 2 + p["hidden"]) * b,
         flops=2 * act_elems * p["hidden"] + 10 * act_elems,
-        payload_bytes=act_bytes if n > 1 else 0, bus_factor=1.0,
+        payload_bytes=act_bytes if n > 1 else 0, bus_factor=bus_factor("sendrecv", n),
+        messages=max(1, n - 1),
     )

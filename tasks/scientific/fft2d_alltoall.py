@@ -18,7 +18,7 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="fft2d_alltoall",
@@ -107,5 +107,5 @@ def traffic(ctx: TaskContext) -> Traffic:
     return Traffic(
         send_bytes=send, recv_bytes=recv, memory_bytes=memory,
         flops=int(2.5 * points * math.log2(points) / n),
-        payload_bytes=rows[r] * k * value, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=rows[r] * k * value, bus_factor=bus_factor("all_to_all", n),
     )

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="stencil_halo_exchange",
@@ -109,5 +109,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         memory_bytes=(slab_in + slab_out + weight_elems) * b + neighbours * halo_bytes,
         flops=2 * slab_out * p["in_channels"] * p["kernel"] ** 2,
         tf32_flops=2 * slab_out * p["in_channels"] * p["kernel"] ** 2,
-        payload_bytes=neighbours * halo_bytes, bus_factor=1.0,
+        payload_bytes=neighbours * halo_bytes, bus_factor=bus_factor("sendrecv", n),
     )

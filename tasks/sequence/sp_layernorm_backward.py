@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 EPS = 1e-5
 
@@ -63,8 +63,8 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 def baseline(
     x_shard: torch.Tensor, grad_out_shard: torch.Tensor, gamma: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = x_shard.float()
-    dy = grad_out_shard.float()
+    x = x_shard.to(accumulate_dtype(x_shard))
+    dy = grad_out_shard.to(x.dtype)
     mean = x.mean(-1, keepdim=True)
     rstd = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + EPS)
     x_hat = (x - mean) * rstd
@@ -72,7 +72,7 @@ def baseline(
     weight_grads = torch.cat([(dy * x_hat).sum(0), dy.sum(0)])
     _comm.all_reduce(weight_grads)
     grad_gamma, grad_beta = (g.clone() for g in weight_grads.chunk(2))
-    dx_hat = dy * gamma.float()
+    dx_hat = dy * gamma.to(x.dtype)
     grad_x = rstd * (dx_hat - dx_hat.mean(-1, keepdim=True) - x_hat * (dx_hat * x_hat).mean(-1, keepdim=True))
     return grad_x.to(x_shard.dtype), grad_gamma, grad_beta
 
@@ -92,7 +92,8 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[tuple[torc
         grad_x = (h * dx_hat - dx_hat.sum(-1, keepdim=True)
                   - x_hat * (dx_hat * x_hat).sum(-1, keepdim=True)) / (h * std)
         grad_xs.append(grad_x.to(ctx.dtype))
-    return [(gx, grad_gamma.float(), grad_beta.float()) for gx in grad_xs]
+    wide = accumulate_dtype(ctx.dtype)  # float32 (float64 for the truth)
+    return [(gx, grad_gamma.to(wide), grad_beta.to(wide)) for gx in grad_xs]
 
 
 def traffic(ctx: TaskContext) -> Traffic:
@@ -108,5 +109,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=3 * shard_elems * b + hidden * b + grads_bytes + wire,
         flops=17 * shard_elems + (n - 1) * 2 * hidden // n,
-        payload_bytes=grads_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=grads_bytes, bus_factor=bus_factor("all_reduce", n),
     )

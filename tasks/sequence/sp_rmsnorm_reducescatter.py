@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 EPS = 1e-6
 
@@ -50,8 +50,11 @@ TASK = TaskSpec(
 
 def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     p, n = ctx.params, ctx.world_size
-    partial = ctx.randn(p["tokens"], p["hidden"], stream=0, dtype=torch.float32) / math.sqrt(n)
-    residual_shard = ctx.randn(p["tokens"] // n, p["hidden"], stream=1)
+    # Outlier channels in the residual stream (as in LLMs), the same on every rank: int8 transport
+    # of the partials shows (TaskContext.randn_outliers).
+    channels = ctx.outlier_scales(p["hidden"], stream=0)
+    partial = ctx.randn(p["tokens"], p["hidden"], stream=0, dtype=torch.float32) * channels / math.sqrt(n)
+    residual_shard = (ctx.randn(p["tokens"] // n, p["hidden"], stream=1, dtype=torch.float32) * channels).to(ctx.dtype)
     # Norm weights are replicated and stay near 1 in trained models.
     gamma = 1.0 + 0.1 * torch.randn(p["hidden"], generator=ctx.shared_generator(), device=ctx.device)
     return partial.to(ctx.dtype), residual_shard, gamma.to(ctx.dtype)
@@ -64,7 +67,7 @@ def baseline(
     reduced = torch.empty((partial.shape[0] // n, partial.shape[1]), dtype=partial.dtype, device=partial.device)
     _comm.reduce_scatter_single(reduced, partial)
     residual_out = reduced.add_(residual_shard)
-    x = residual_out.float()
+    x = residual_out.to(accumulate_dtype(residual_out))
     normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)).to(partial.dtype) * gamma
     return normed, residual_out
 
@@ -80,10 +83,15 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[tuple[torc
 
 
 def traffic(ctx: TaskContext) -> Traffic:
-    # Reduce-scatter of the [T, H] partials: rank r needs the other n-1 partials of its T/n rows,
-    # (n-1)/n * T*H*b in, and owes each peer its partial of theirs, (n-1)/n * T*H*b out. Memory:
-    # read the partial and the incoming chunks, the residual shard and gamma, write two shards.
-    # FLOPs: the n-1 adds per owned element, then add, square, mean, scale and gamma (~5 each).
+    """The least a rank moves for reduce-scatter + residual add + RMSNorm of its rows.
+
+    Wire: rank r needs the other n-1 partials of its T/n rows, (n-1)/n * T*H*b in, and owes each
+    peer its partial of theirs, (n-1)/n * T*H*b out.
+    Memory, the minimum: its [T, H] partial read once (its own rows by itself, the others by the
+    peer that pulls them into registers to add), the residual shard and gamma read, two shards
+    written. Incoming chunks need not be staged (the former model read them again: "+ wire").
+    FLOPs: the n-1 adds per owned element, then add, square, mean, scale and gamma (~5 each).
+    """
     p, n, b = ctx.params, ctx.world_size, ctx.dtype.itemsize
     tokens, hidden = p["tokens"], p["hidden"]
     partial_bytes = tokens * hidden * b
@@ -91,7 +99,7 @@ def traffic(ctx: TaskContext) -> Traffic:
     shard_elems = tokens * hidden // n
     return Traffic(
         send_bytes=wire, recv_bytes=wire,
-        memory_bytes=partial_bytes + wire + 3 * shard_elems * b + hidden * b,
+        memory_bytes=partial_bytes + 3 * shard_elems * b + hidden * b,
         flops=(n - 1) * shard_elems + 5 * shard_elems,
-        payload_bytes=partial_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=partial_bytes, bus_factor=bus_factor("reduce_scatter", n),
     )

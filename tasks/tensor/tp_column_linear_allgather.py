@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="tp_column_linear_allgather",
@@ -84,5 +84,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=(tokens * k + (n_out // n) * (k + 1)) * b + y_bytes,
         flops=2 * tokens * k * (n_out // n) + tokens * (n_out // n),
-        payload_bytes=y_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=y_bytes, bus_factor=bus_factor("all_gather", n),
     )

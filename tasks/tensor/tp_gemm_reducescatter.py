@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="tp_gemm_reducescatter",
@@ -48,6 +48,8 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor]:
     p, n = ctx.params, ctx.world_size
     x_shard = ctx.randn(p["tokens"], p["in_features"] // n, stream=0)
     weight_shard = ctx.randn(p["out_features"], p["in_features"] // n, stream=1, dtype=torch.float32)
+    # Outlier output features (the same on every rank), so int8 transport of the partials shows.
+    weight_shard = weight_shard * ctx.outlier_scales(p["out_features"], 1, stream=1)
     return x_shard, (weight_shard / math.sqrt(p["in_features"])).to(ctx.dtype)
 
 
@@ -78,5 +80,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=(tokens + n_out) * (k // n) * b + partial_bytes + wire + partial_bytes // n,
         flops=2 * tokens * (k // n) * n_out + (n - 1) * tokens * n_out // n,
-        payload_bytes=partial_bytes, bus_factor=(n - 1) / n if n > 1 else 1.0,
+        payload_bytes=partial_bytes, bus_factor=bus_factor("reduce_scatter", n),
     )

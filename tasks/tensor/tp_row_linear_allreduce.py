@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, bus_factor
 
 TASK = TaskSpec(
     id="tp_row_linear_allreduce",
@@ -50,6 +50,9 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     cols = p["in_features"] // ctx.world_size
     x_shard = ctx.randn(p["tokens"], cols, stream=0)
     weight_shard = ctx.randn(p["out_features"], cols, stream=1, dtype=torch.float32) / math.sqrt(p["in_features"])
+    # Outlier output features (the same on every rank): the partial sums the ranks exchange then
+    # have them too, and int8 transport of those partials shows (TaskContext.randn_outliers).
+    weight_shard = weight_shard * ctx.outlier_scales(p["out_features"], 1, stream=1)
     bias = torch.randn(p["out_features"], generator=ctx.shared_generator(), device=ctx.device)
     return x_shard, weight_shard.to(ctx.dtype), bias.to(ctx.dtype)
 
@@ -79,5 +82,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=(tokens + n_out) * (k // n) * b + n_out * b + y_bytes + wire,
         flops=2 * tokens * (k // n) * n_out + (n - 1) * tokens * n_out // n + tokens * n_out,
-        payload_bytes=y_bytes, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=y_bytes, bus_factor=bus_factor("all_reduce", n),
     )

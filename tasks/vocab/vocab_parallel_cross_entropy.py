@@ -17,7 +17,7 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 TASK = TaskSpec(
     id="vocab_parallel_cross_entropy",
@@ -57,9 +57,9 @@ def make_inputs(ctx: TaskContext) -> tuple[torch.Tensor, torch.Tensor]:
 
 def baseline(logits_shard: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     rank = torch.distributed.get_rank()
-    logits_max = logits_shard.max(dim=-1).values.float()  # exact in any dtype
+    logits_max = logits_shard.max(dim=-1).values.to(accumulate_dtype(logits_shard))  # exact in any dtype
     _comm.all_reduce(logits_max, op=_comm.MAX)
-    logits = logits_shard.float() - logits_max.unsqueeze(-1)  # a new tensor: the input stays intact
+    logits = logits_shard.to(logits_max.dtype) - logits_max.unsqueeze(-1)  # a new tensor: the input stays intact
 
     vocab_start = rank * logits.shape[-1]
     outside = (target < vocab_start) | (target >= vocab_start + logits.shape[-1])
@@ -78,7 +78,7 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[torch.Tens
     logits = torch.cat([inputs[0].double() for inputs in inputs_per_rank], dim=-1)
     target = inputs_per_rank[0][1]
     loss = torch.logsumexp(logits, dim=-1) - logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    return [loss.float() for _ in inputs_per_rank]
+    return [loss.to(accumulate_dtype(ctx.dtype)) for _ in inputs_per_rank]
 
 
 def traffic(ctx: TaskContext) -> Traffic:
@@ -95,5 +95,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=shard_elems * ctx.dtype.itemsize + 8 * tokens + 4 * tokens,
         flops=4 * shard_elems,
-        payload_bytes=payload, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=payload, bus_factor=bus_factor("all_reduce", n),
     )

@@ -19,7 +19,7 @@ import math
 import torch
 
 from tasks import _comm
-from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import TaskContext, TaskSpec, Tolerance, Traffic, accumulate_dtype, bus_factor
 
 TASK = TaskSpec(
     id="vocab_parallel_logprobs",
@@ -63,11 +63,11 @@ def baseline(logits_shard: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     shard_vocab = logits_shard.shape[-1]
     target = input_ids.roll(-1, dims=-1)  # position t scores the token at t+1 (the last is dropped)
 
-    logits_max = logits_shard.amax(dim=-1, keepdim=True).float()
+    logits_max = logits_shard.amax(dim=-1, keepdim=True).to(accumulate_dtype(logits_shard))
     _comm.all_reduce(logits_max, op=_comm.MAX)
     # One float32 working copy, updated in place (the input stays intact): [B, S, Vr] is the largest
     # tensor of an RL step, so NeMo-RL keeps its temporaries few.
-    log_probs = logits_shard.to(torch.float32, copy=True).sub_(logits_max)
+    log_probs = logits_shard.to(logits_max.dtype, copy=True).sub_(logits_max)
     sum_exp = log_probs.exp().sum(dim=-1, keepdim=True)
     _comm.all_reduce(sum_exp)
     log_probs.sub_(sum_exp.log())
@@ -85,7 +85,7 @@ def reference(inputs_per_rank: list[tuple], ctx: TaskContext) -> list[torch.Tens
     input_ids = inputs_per_rank[0][1]
     log_probs = torch.log_softmax(logits[:, :-1], dim=-1)
     chosen = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return [chosen.float() for _ in inputs_per_rank]
+    return [chosen.to(accumulate_dtype(ctx.dtype)) for _ in inputs_per_rank]
 
 
 def traffic(ctx: TaskContext) -> Traffic:
@@ -102,5 +102,5 @@ def traffic(ctx: TaskContext) -> Traffic:
         send_bytes=wire, recv_bytes=wire,
         memory_bytes=shard_elems * ctx.dtype.itemsize + 8 * positions + 4 * positions,
         flops=4 * shard_elems,
-        payload_bytes=payload, bus_factor=2 * (n - 1) / n if n > 1 else 1.0,
+        payload_bytes=payload, bus_factor=bus_factor("all_reduce", n),
     )

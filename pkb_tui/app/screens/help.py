@@ -25,6 +25,7 @@ def key_table() -> Table:
     from pkb_tui.app.app import PkbApp
     from pkb_tui.app.screens.compare import CompareScreen
     from pkb_tui.app.screens.filters import FilterScreen
+    from pkb_tui.app.screens.generate import GenerateScreen, ReplyScreen
     from pkb_tui.app.screens.history import HistoryScreen
     from pkb_tui.app.screens.launch import LaunchScreen
     from pkb_tui.app.screens.live import LiveScreen
@@ -35,13 +36,15 @@ def key_table() -> Table:
     table.add_column("key", style="bold cyan", no_wrap=True, width=12)
     table.add_column("does", ratio=1)
     sections = [("Everywhere", PkbApp), ("Launch", LaunchScreen), ("Live", LiveScreen), ("History", HistoryScreen),
-                ("History filters", FilterScreen), ("Result", ResultScreen), ("Compare", CompareScreen), ("Monitor", MonitorScreen)]
+                ("History filters", FilterScreen), ("Result", ResultScreen), ("Compare", CompareScreen), ("Monitor", MonitorScreen),
+                ("Generate (G)", GenerateScreen), ("Generate: a reply", ReplyScreen)]
     extra = {
         "Launch": [("tab", "next field (filter, family, tasks, models, options)"),
                    ("enter", "on the tasks list: run; in Models: mark")],
         "History": [("enter", "open the highlighted run (in the leaderboard: that model's runs)"),
                     ("click header", "sort by that column")],
         "Everywhere": [("↑ ↓ pgup pgdn", "move in lists and tables")],
+        "Generate (G)": [("enter", "the highlighted request's reply and its extracted code")],
     }
     for title, owner in sections:
         table.add_row(Text(title, style="bold underline"), "")

@@ -19,6 +19,7 @@ from pkb_tui.app.format import (
 from pkb_tui.app.screens.filters import FilterScreen, RunFilters
 from pkb_tui.app.widgets.nav import NavBar
 from pkb_tui.app.widgets.row_list import Column, RowList
+from pkb_tui.engine.modes import CPU_MODE_LABEL
 
 if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
@@ -70,6 +71,7 @@ class HistoryScreen(Screen):
         Binding("s", "next_sort", "Sort"),
         Binding("r", "reverse", "Reverse order", show=False),
         Binding("b", "toggle_board", "Leaderboard"),
+        Binding("e", "toggle_basis", "Speedup: eager/graph"),
         Binding("f", "filters", "Filters"),
         Binding("escape", "focus_table", "Table", show=False),
     ]
@@ -155,7 +157,7 @@ class HistoryScreen(Screen):
         """The next page of runs as table rows (and remember their ids)."""
         runs = self.pkb.store.runs(
             **self.filters(), order_by=self.order_by, descending=self.descending,
-            limit=self.pkb.config.history_page, offset=self.loaded,
+            limit=self.pkb.config.history_page, offset=self.loaded, basis=self.pkb.config.speedup_basis,
         )
         rows = []
         for run in runs:
@@ -168,10 +170,13 @@ class HistoryScreen(Screen):
     def _row(self, run: dict[str, Any]) -> list:
         status = run["status"]
         speedup = run.get("speedup")
+        low = run.get("speedup_low")
+        # green: faster with confidence (the interval's lower end above 1); dim: within the noise
+        style = "dim" if run.get("within_noise") else ("green" if (low if low is not None else speedup or 0) > 1 else "")
         return [
             Text("●", style="bold yellow") if run["id"] in self.marked else " ",
             str(run["id"]), Text(status_mark(status), style=STATUS_STYLES.get(status, "")), run["task_id"],
-            run["model"], Text(fmt_speedup(speedup), style="green" if (speedup or 0) > 1 else ""),
+            run["model"], Text(fmt_speedup(speedup), style=style),
             fmt_us(run.get("candidate_median_us")), fmt_us(run.get("baseline_median_us")),
             fmt_time(run["created_at"], utc=self.pkb.config.utc)[5:], run.get("hostname") or "–",
         ]
@@ -181,8 +186,28 @@ class HistoryScreen(Screen):
             return
         self._board_stale = False
         task = self.filters().get("task")
-        entries = self.pkb.store.leaderboard(task_ids=[task] if task else None)
+        entries = self.pkb.store.leaderboard(task_ids=[task] if task else None, basis=self.pkb.config.speedup_basis)
         self.query_one("#leaderboard", RowList).set_rows([list(row) for row in leaderboard_rows(entries)])
+        self._sync_gen_board(True)
+
+    def _sync_gen_board(self, visible: bool) -> None:
+        """The model endpoints' board (generate) under the leaderboard; mounted only once there is one."""
+        from pkb_tui.app.widgets.gen_board import GenBoard
+        from pkb_tui.generate.report import endpoint_leaderboard
+
+        present = self.query(GenBoard)
+        if not visible:
+            for widget in present:
+                widget.display = False
+            return
+        board = endpoint_leaderboard(self.pkb.store)
+        if not board:
+            return
+        if present:
+            present.first().set_board(board)
+            present.first().display = True
+        else:
+            self.mount(GenBoard(board, id="gen-board"), before=self.query_one("#history-preview"))
 
     def _update_title(self) -> None:
         bar = Text(no_wrap=True, overflow="ellipsis")
@@ -192,7 +217,8 @@ class HistoryScreen(Screen):
         label = dict(SORTS)[self.order_by]
         arrow = "↓" if self.descending else "↑"
         if self.query_one("#history-switcher", ContentSwitcher).current == "leaderboard":
-            title = "Leaderboard (latest run per task): fast_p = correct and > p× the baseline"
+            title = (f"Leaderboard (latest run per task, {self.pkb.config.speedup_basis}): "
+                     "fast_p = correct, 95% interval above p×")
         else:
             title = f"Runs: {self.loaded:,} of {self.total:,} · sorted by {label} {arrow}"
             if self.marked:
@@ -221,11 +247,23 @@ class HistoryScreen(Screen):
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(f"#{run_id} {status_label(run['status'])}", style=STATUS_STYLES.get(run["status"], ""))
         text.append(f"  ws {run['world_size']} · {run['mode']} · {run['dtype']} · {run['size']}", style="dim")
+        if run.get("speedup_low") is not None and run.get("speedup_high") is not None:
+            text.append(f"  speedup [{run['speedup_low']:.2f}, {run['speedup_high']:.2f}]"
+                        f"{' within noise' if run.get('within_noise') else ''}")
         if run["status_detail"]:
             text.append(f"  {run['status_detail'].splitlines()[0]}", style="red")
+        if run["mode"] == "cpu":
+            text.append(f"  ({CPU_MODE_LABEL})", style="yellow")
         _show(preview, text)
 
     # ------------------------------------------------------------------ actions
+    def action_toggle_basis(self) -> None:
+        """Speedups, times and the leaderboard from the other timing method (eager <-> graph)."""
+        config = self.pkb.config
+        config.speedup_basis = "graph" if config.speedup_basis == "eager" else "eager"
+        self.notify(f"Speedups now use the {config.speedup_basis} timing.")
+        self.reload()
+
     def highlighted(self) -> int | None:
         table = self.query_one("#runs", RowList)
         if not self._row_ids or table.cursor >= len(self._row_ids):
@@ -254,6 +292,7 @@ class HistoryScreen(Screen):
             return
         model = board.rows[board.cursor][0]
         self.query_one("#history-switcher", ContentSwitcher).current = "runs"
+        self._sync_gen_board(False)
         self.set_filters(self.run_filters.with_(model=model))
         self.query_one("#runs", RowList).focus()
         self._update_title()
@@ -315,6 +354,9 @@ class HistoryScreen(Screen):
         switcher.current = "leaderboard" if switcher.current == "runs" else "runs"
         if switcher.current == "leaderboard":
             self._fill_leaderboard()
+            self._sync_gen_board(True)
+        else:
+            self._sync_gen_board(False)
         self.query_one(f"#{switcher.current}").focus()
         self._update_title()
 

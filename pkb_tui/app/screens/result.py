@@ -22,6 +22,7 @@ from pkb_tui.app.format import (
     fmt_us, speedup_gauge, status_label,
 )
 from pkb_tui.app.widgets.chart import PlotextChart
+from pkb_tui.engine.modes import CPU_MODE_LABEL
 from pkb_tui.errors import PkbError
 
 if TYPE_CHECKING:
@@ -64,12 +65,36 @@ def correctness_cell(result: dict[str, Any] | None) -> Text:
 
 
 def speedup_cell(result: dict[str, Any] | None, variant: str) -> Text:
+    """The gauge, the speedup with its interval (1.52× [1.47, 1.58]), and whether this host's
+    noise could explain it. Green only when the interval's lower end clears 1."""
     if variant == "baseline":
         return Text("1.00× (reference)", style="dim")
-    speedup = (result or {}).get("speedup")
-    text = Text(speedup_gauge(speedup, GAUGE_WIDTH + 1), style="green" if (speedup or 0) > 1 else "yellow")
+    result = result or {}
+    speedup, low, high = result.get("speedup"), result.get("speedup_low"), result.get("speedup_high")
+    faster = (low if low is not None else speedup or 0) > 1
+    text = Text(speedup_gauge(speedup, GAUGE_WIDTH + 1), style="green" if faster else "yellow")
     text.append(f" {fmt_speedup(speedup)}", style="bold")
+    if low is not None and high is not None:
+        text.append(f" [{low:.2f}, {high:.2f}]")
+    if result.get("within_noise"):
+        floor = result.get("noise_floor_fraction")
+        spread = f" (±{floor:.1%})" if floor else ""
+        text.append(f"\nwithin this host's noise{spread}: not distinguishable from the baseline", style="yellow")
     return text
+
+
+def method_row(cells: dict[str, dict[str, Any] | None], method: str) -> tuple[str, ...] | None:
+    """A row of the other timing method's medians (eager or graph), or None when neither side has
+    one; an absent graph figure shows its reason ("not capturable: ...")."""
+    texts = []
+    for variant in VARIANTS:
+        result = cells[variant] or {}
+        median = result.get(f"{method}_median_us")
+        note = result.get(f"{method}_note")
+        texts.append(Text(fmt_us(median)) if median is not None else Text(note or NA, style="dim"))
+    if all(t.plain == NA for t in texts):
+        return None
+    return (f"{method} med", *texts)  # type: ignore[return-value]
 
 
 def roofline_cell(result: dict[str, Any] | None, traffic_source: str | None = None) -> Text:
@@ -116,7 +141,13 @@ def comparison_table(run: dict[str, Any]) -> Table:
     rows: list[tuple[str, Any, Any]] = []
     cells = {v: results.get(v) for v in VARIANTS}
     rows.append(("correct", *(correctness_cell(cells[v]) for v in VARIANTS)))
-    rows.append(("median", *(Text(fmt_us((cells[v] or {}).get("median_us")), style="bold") for v in VARIANTS)))
+    picked = next((c.get("timing_method") for c in cells.values() if c and c.get("eager_median_us") is not None), None)
+    rows.append((f"{picked} med" if picked else "median",
+                 *(Text(fmt_us((cells[v] or {}).get("median_us")), style="bold") for v in VARIANTS)))
+    if picked:
+        other = method_row(cells, "graph" if picked == "eager" else "eager")
+        if other is not None:
+            rows.append(other)
     rows.append(("p10–p90", *(Text(f"{fmt_us((cells[v] or {}).get('p10_us'))} – {fmt_us((cells[v] or {}).get('p90_us'))}")
                               for v in VARIANTS)))
     rows.append(("min–max", *(Text(f"{fmt_us((cells[v] or {}).get('min_us'))} – {fmt_us((cells[v] or {}).get('max_us'))}",
@@ -275,7 +306,7 @@ class ResultScreen(Screen):
 
     def load(self) -> None:
         try:
-            run = self.pkb.store.run(self.run_id)
+            run = self.pkb.store.run(self.run_id, basis=self.pkb.config.speedup_basis)
         except PkbError as exc:
             self.query_one("#result-head", Static).update(Text(str(exc), style="bold red"))
             return
@@ -283,7 +314,9 @@ class ResultScreen(Screen):
         head = [run_title(run), Text(run_settings(run, utc=self.pkb.config.utc), style="dim")]
         if run.get("status") in ("error", "timeout", "interrupted", "failed") and run.get("status_detail"):
             head.append(Text(f"‼ {run['status_detail']}", style="red"))
-        if not run.get("timings_representative", 1):
+        if run.get("mode") == "cpu":
+            head.append(Text(f"⚠ {CPU_MODE_LABEL}: gloo on a shared CPU, no roofline or bus bandwidth", style="yellow"))
+        elif not run.get("timings_representative", 1):
             head.append(Text("⚠ timings not representative: several ranks shared one GPU", style="yellow"))
         for note in run.get("notes") or []:
             head.append(Text(f"• {note}", style="dim"))

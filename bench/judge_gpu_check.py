@@ -1,0 +1,266 @@
+"""The judge and its timing on a GPU box: what issues 10 and 11 must show there.
+
+    python bench/judge_gpu_check.py --out DIR [--parts smoke,adversarial,spin,selfcheck] [--mode nccl]
+
+Parts (each one or two CLI launches; the figures come from the batches' own event files):
+  smoke        all_reduce, baseline and torch-p2p, nccl x1 default: the runner path works at all.
+  adversarial  the attack fixtures (tests/fixtures/adversarial) + an honest model, nccl x1 and
+               shared-gpu x2; then the honest model alone: the baseline's median with and without
+               the attackers earlier in the batch.
+  spin         candidates = the all_reduce baseline + a spin kernel (torch.cuda._sleep) of 5, 50, 500
+               and 5,000 us, calibrated here with 200 back-to-back spins; each must move the graph
+               median by its length within max(1 us, 3%). A clone-only candidate and the small
+               all_reduce baseline against their profiled kernel time (within 2 us).
+  selfcheck    every task's baseline against itself, nccl x1 default: how many medians within 3%.
+Prints tables; writes DIR/judge_check.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ATTACKS = ["patch-judge", "gc-scavenge", "seed-rebuild", "memo-address", "count-calls", "thread-after-window",
+           "lying-subclass", "forge-events", "slow-baseline", "patch-clock", "cpu-burner", "forge-reply", "kill-judge"]
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def cli(out: Path, name: str, args: list[str], timeout_s: float = 400) -> tuple[dict | None, dict[int, dict]]:
+    """One `pkb-tui run --json`; returns its JSON and, per item, the events of its batch."""
+    db = out / f"{name}.db"
+    env = {**os.environ, **SAFE_ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    started = time.monotonic()
+    with open(out / f"{name}.err", "w") as err:
+        proc = subprocess.run([sys.executable, "-m", "pkb_tui.cli", "--db", str(db), "run", *args, "--json"],
+                              stdout=subprocess.PIPE, stderr=err, env=env, timeout=timeout_s, text=True)
+    print(f"--- {name}: exit {proc.returncode} in {time.monotonic() - started:.0f} s", flush=True)
+    try:
+        doc = json.loads(proc.stdout)
+    except ValueError:
+        doc = None
+        print((out / f"{name}.err").read_text()[-1500:])
+    events: dict[int, dict] = {}
+    for path in sorted(glob.glob(str(out / "pkb-runs" / "*" / "events.*.jsonl"))):
+        if os.path.getmtime(path) < time.time() - (time.monotonic() - started) - 5:
+            continue
+        for line in open(path):
+            body = line.partition(" ")[2]
+            try:
+                event = json.loads(body)
+            except ValueError:
+                continue
+            item = event.get("item")
+            if item is None:
+                continue
+            slot = events.setdefault(item, {"timing": {}, "kernels": {}})
+            if event["event"] == "timing":
+                slot["timing"][event["variant"]] = event
+            elif event["event"] == "kernels" and event.get("rank") == 0:
+                slot["kernels"][event["variant"]] = event["kernels"]
+            elif event["event"] == "run_started":
+                slot["model"] = event["model"]
+                slot["task"] = event["task"]
+    return doc, events
+
+
+def figure(events: dict, item: int, variant: str, method: str) -> float | None:
+    timing = events.get(item, {}).get("timing", {}).get(variant) or {}
+    block = timing.get(method) or {}
+    return block.get("median_us")
+
+
+def runs_by_model(doc: dict | None) -> dict[str, dict]:
+    return {r["model"]: r for r in (doc or {}).get("runs", [])}
+
+
+def part_smoke(out: Path, report: dict) -> None:
+    doc, events = cli(out, "smoke", ["--task", "all_reduce", "--model", "baseline,torch-p2p", "--world-size", "1",
+                                     "--mode", "nccl", "--size", "default", "--trials", "3"])
+    rows = []
+    for item, slot in sorted(events.items()):
+        rows.append({"model": slot.get("model"), **{f"{v}_{m}_us": figure(events, item, v, m)
+                                                  for v in ("baseline", "candidate") for m in ("eager", "graph")},
+                     "graph_note": (slot["timing"].get("candidate") or {}).get("graph_note"),
+                     "overhead_us": (slot["timing"].get("baseline") or {}).get("overhead_us")})
+    for model, run in runs_by_model(doc).items():
+        print(f"  {model:12s} {run['status']:8s} speedup {run.get('speedup')}")
+    for row in rows:
+        print("  ", json.dumps(row))
+    report["smoke"] = {"runs": {m: r["status"] for m, r in runs_by_model(doc).items()}, "figures": rows}
+
+
+def part_adversarial(out: Path, report: dict, configs: list[tuple[str, int]]) -> None:
+    table = []
+    for mode, world in configs:
+        models = ",".join([*(str(ROOT / "tests" / "fixtures" / "adversarial" / a) for a in ATTACKS), "torch-p2p"])
+        common = ["--task", "all_reduce", "--world-size", str(world), "--mode", mode, "--size", "small",
+                  "--trials", "2", "--timeout", "90"]
+        doc, events = cli(out, f"adv_{mode}_{world}", [*common, "--model", models], timeout_s=560)
+        alone, alone_events = cli(out, f"adv_alone_{mode}_{world}", [*common, "--model", "torch-p2p"])
+        alone_base = figure(alone_events, 0, "baseline", "eager")
+        runs = runs_by_model(doc)
+        for item, slot in sorted(events.items()):
+            model = Path(slot.get("model", "?")).name
+            run = runs.get(slot.get("model")) or runs.get(model) or {}
+            table.append({"mode": mode, "world": world, "case": model, "verdict": run.get("status"),
+                          "speedup": run.get("speedup"), "baseline_eager_us": figure(events, item, "baseline", "eager"),
+                          "baseline_alone_us": alone_base})
+    print(f"  {'mode':10s} {'ws':>2s} {'case':20s} {'verdict':8s} {'speedup':>8s} {'base us':>9s} {'alone us':>9s}")
+    for row in table:
+        sp = f"{row['speedup']:.2f}" if row["speedup"] else "-"
+        b = f"{row['baseline_eager_us']:.1f}" if row["baseline_eager_us"] else "-"
+        a = f"{row['baseline_alone_us']:.1f}" if row["baseline_alone_us"] else "-"
+        print(f"  {row['mode']:10s} {row['world']:>2d} {row['case']:20s} {str(row['verdict']):8s} {sp:>8s} {b:>9s} {a:>9s}")
+    report["adversarial"] = table
+
+
+def calibrate_spin() -> tuple[float, dict[int, float]]:
+    """Cycles per microsecond of torch.cuda._sleep, and the length of each target as measured."""
+    import torch
+
+    torch.cuda.init()
+
+    def per_call_us(cycles: int, calls: int = 200) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(calls):
+            torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000.0 / calls
+
+    probe = 1_000_000
+    rate = probe / per_call_us(probe, 20)
+    lengths = {}
+    for target in (5, 50, 500, 5000):
+        cycles = int(rate * target)
+        lengths[target] = per_call_us(cycles, 200 if target < 5000 else 40)
+    return rate, lengths
+
+
+SPIN_TEMPLATE = '''import torch
+import torch.distributed as dist
+
+CYCLES = {cycles}
+
+
+def solution(x):
+    out = x.clone()
+    dist.all_reduce(out)
+    if CYCLES:
+        torch.cuda._sleep(CYCLES)
+    return out
+'''
+
+
+def part_spin(out: Path, report: dict) -> None:
+    rate, lengths = calibrate_spin()
+    print(f"  spin calibration: {rate:.0f} cycles/us; measured lengths {json.dumps({k: round(v, 2) for k, v in lengths.items()})}")
+    folder = Path(tempfile.mkdtemp(prefix="spin-", dir=out))
+    models = []
+    for target in (0, 5, 50, 500, 5000):
+        model = folder / f"spin{target}"
+        model.mkdir()
+        (model / "all_reduce.py").write_text(SPIN_TEMPLATE.format(cycles=int(rate * target) if target else 0))
+        models.append(str(model))
+    clone = folder / "clone-only"
+    clone.mkdir()
+    (clone / "all_reduce.py").write_text("def solution(x):\n    return x.clone()\n")
+    models.append(str(clone))
+    doc, events = cli(out, "spin", ["--task", "all_reduce", "--model", ",".join(models), "--world-size", "1",
+                                    "--mode", "nccl", "--size", "small", "--trials", "2", "--iterations", "200"],
+                      timeout_s=500)
+    by_model = {Path(slot.get("model", "")).name: item for item, slot in events.items()}
+    rows = []
+    for method in ("graph", "eager"):
+        base = figure(events, by_model.get("spin0", -1), "candidate", method)
+        for target in (5, 50, 500, 5000):
+            got = figure(events, by_model.get(f"spin{target}", -1), "candidate", method)
+            if base is None or got is None:
+                rows.append({"method": method, "target_us": target, "delta_us": None})
+                continue
+            delta = got - base
+            allowed = max(1.0, 0.03 * lengths[target])
+            rows.append({"method": method, "target_us": target, "calibrated_us": round(lengths[target], 2),
+                         "delta_us": round(delta, 2), "ok": abs(delta - lengths[target]) <= allowed})
+    for row in rows:
+        print("  ", json.dumps(row))
+    # Profiled kernel time per call against the graph figure: the clone-only candidate, and the baseline.
+    checks = []
+    for label, item, variant in (("clone-only", by_model.get("clone-only", -1), "candidate"),
+                                 ("all_reduce baseline", by_model.get("spin0", -1), "baseline")):
+        kernels = events.get(item, {}).get("kernels", {}).get(variant) or []
+        per_call = sum(float(k.get("total_us") or 0.0) for k in kernels) / 3.0 if kernels else None
+        graph = figure(events, item, variant, "graph")
+        checks.append({"what": label, "graph_us": graph, "profiled_kernel_us_per_call": per_call,
+                       "ok": graph is not None and per_call is not None and abs(graph - per_call) <= 2.0,
+                       "kernels": [(k.get("name"), k.get("calls"), k.get("total_us")) for k in kernels][:6]})
+    for row in checks:
+        print("  ", json.dumps(row))
+    report["spin"] = {"cycles_per_us": rate, "lengths_us": lengths, "rows": rows, "profiled": checks}
+
+
+def part_selfcheck(out: Path, report: dict) -> None:
+    doc, events = cli(out, "selfcheck", ["--task", "all", "--model", "baseline", "--world-size", "1", "--mode", "nccl",
+                                         "--size", "default", "--trials", "1", "--no-profile"], timeout_s=580)
+    rows = []
+    for item, slot in sorted(events.items()):
+        row: dict[str, Any] = {"task": slot.get("task")}
+        for method in ("eager", "graph"):
+            b, c = figure(events, item, "baseline", method), figure(events, item, "candidate", method)
+            row[method] = round(b / c, 3) if b and c else None
+            row[f"{method}_base_us"] = round(b, 2) if b else None
+        rows.append(row)
+    within = sum(1 for r in rows if r["eager"] and abs(r["eager"] - 1) <= 0.03)
+    within_graph = sum(1 for r in rows if r["graph"] and abs(r["graph"] - 1) <= 0.03)
+    graphs = sum(1 for r in rows if r["graph"])
+    for row in rows:
+        print("  ", json.dumps(row))
+    print(f"  self-check: eager medians within 3%: {within}/{len(rows)}; graph: {within_graph}/{graphs}")
+    report["selfcheck"] = {"rows": rows, "eager_within_3pct": within, "graph_within_3pct": within_graph, "tasks": len(rows)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/pkb-out"))
+    parser.add_argument("--parts", default="smoke,adversarial,spin,selfcheck")
+    parser.add_argument("--adversarial-configs", default="nccl:1,shared-gpu:2")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {}
+    for part in args.parts.split(","):
+        print(f"=== {part}", flush=True)
+        started = time.monotonic()
+        try:
+            if part == "smoke":
+                part_smoke(out, report)
+            elif part == "adversarial":
+                configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.adversarial_configs.split(",")]
+                part_adversarial(out, report, configs)
+            elif part == "spin":
+                part_spin(out, report)
+            elif part == "selfcheck":
+                part_selfcheck(out, report)
+        except Exception as exc:  # noqa: BLE001 - one part failing must not hide the others' figures
+            print(f"  part {part} failed: {type(exc).__name__}: {exc}")
+            report[part] = {"error": str(exc)}
+        print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
+        (out / "judge_check.json").write_text(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The narrow interface between a judge (a torchrun rank) and the runner process that calls a
+solution for it (engine.runner).
+
+Messages are length-prefixed JSON both ways over two pipes, so the judge never unpickles anything a
+candidate process wrote. Tensors never travel in messages: they live in an *arena* the judge owns,
+a block of shared memory (a memfd on CPU, a CUDA allocation shared through a CUDA IPC handle on a
+GPU), which the runner maps once. A *layout* names where each tensor of a value sits in the arena
+(offset, dtype, shape) and carries the non-tensor leaves as JSON values, so the same description
+rebuilds the value on both sides. The judge writes inputs there and reads outputs back from there,
+in its own process, after the runner says it is done; what the candidate did in between can change
+bytes in the arena and nothing else of the judge.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import mmap
+import os
+import select
+import struct
+import time
+from typing import Any
+
+import torch
+
+from pkb_tui.errors import PkbError
+
+MAX_MESSAGE_BYTES = 8 * 2**20  # a runner's reply larger than this is a protocol breach
+ALIGN_BYTES = 256
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+    torch.complex64: "complex64", torch.complex128: "complex128", torch.int64: "int64", torch.int32: "int32",
+    torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+}
+DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+
+
+class ChannelError(Exception):
+    """The other end broke the protocol, went away or did not answer in time."""
+
+
+# ---------------------------------------------------------------------------------------- framing
+def send(fd: int, message: dict[str, Any]) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    payload = struct.pack(">I", len(data)) + data
+    view = memoryview(payload)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BrokenPipeError as exc:
+            raise ChannelError("the other end closed the channel") from exc
+        view = view[written:]
+
+
+def _read_exact(fd: int, count: int, deadline: float | None) -> bytes:
+    chunks: list[bytes] = []
+    while count > 0:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ChannelError("no answer before the deadline")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                raise ChannelError("no answer before the deadline")
+        chunk = os.read(fd, min(count, 1 << 20))
+        if not chunk:
+            raise ChannelError("the other end closed the channel")
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+def receive(fd: int, deadline: float | None = None) -> dict[str, Any]:
+    """One message; ChannelError on a closed pipe, a deadline passed, or anything malformed."""
+    (length,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
+    if length > MAX_MESSAGE_BYTES:
+        raise ChannelError(f"a message of {length} bytes (the limit is {MAX_MESSAGE_BYTES})")
+    try:
+        message = json.loads(_read_exact(fd, length, deadline))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ChannelError(f"a message that is not JSON: {exc}") from exc
+    if not isinstance(message, dict):
+        raise ChannelError("a message that is not a JSON object")
+    return message
+
+
+# ---------------------------------------------------------------------------------------- arena
+class Arena:
+    """Judge side: shared memory the runner maps. Grows by replacement (the runner is told)."""
+
+    def __init__(self, device: torch.device, nbytes: int) -> None:
+        self.device = device
+        self.nbytes = max(ALIGN_BYTES, _align(nbytes))
+        self._fd: int | None = None
+        self._map: mmap.mmap | None = None
+        if device.type == "cuda":
+            self.tensor = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        else:
+            self._fd = os.memfd_create("pkb-arena", 0)
+            os.ftruncate(self._fd, self.nbytes)
+            self._map = mmap.mmap(self._fd, self.nbytes)
+            self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
+
+    @property
+    def fd(self) -> int | None:
+        return self._fd
+
+    def export(self) -> dict[str, Any]:
+        """What the runner needs to map this arena (the memfd itself is passed as an open fd)."""
+        if self.device.type == "cuda":
+            fields = self.tensor.untyped_storage()._share_cuda_()
+            return {"kind": "cuda_ipc", "nbytes": self.nbytes, "args": [_jsonable(f) for f in fields],
+                    "offset": self.tensor.storage_offset()}
+        return {"kind": "memfd", "nbytes": self.nbytes}
+
+    def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        return view(self.tensor, offset, dtype, shape)
+
+    def close(self) -> None:
+        self.tensor = torch.empty(0, dtype=torch.uint8)
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # views still alive somewhere: the mapping goes with them
+            self._map = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def attach(export: dict[str, Any], fd: int | None, device: torch.device) -> torch.Tensor:
+    """Runner side: the judge's arena as a uint8 tensor."""
+    nbytes = int(export["nbytes"])
+    if export["kind"] == "memfd":
+        if fd is None:
+            raise ChannelError("a CPU arena without its file descriptor")
+        mapping = mmap.mmap(fd, nbytes)
+        return torch.frombuffer(mapping, dtype=torch.uint8)
+    args = [_unjsonable(a) for a in export["args"]]
+    torch.cuda._lazy_init()
+    storage = torch.UntypedStorage._new_shared_cuda(*args)
+    whole = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+    offset = int(export.get("offset", 0))
+    return whole[offset:offset + nbytes]
+
+
+def view(arena: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    count = 1
+    for dim in shape:
+        count *= dim
+    nbytes = count * itemsize
+    if offset < 0 or offset + nbytes > arena.numel() or offset % ALIGN_BYTES:
+        raise ChannelError(f"a tensor at offset {offset} of {nbytes} bytes does not fit the arena")
+    return arena[offset:offset + nbytes].view(dtype).view(shape)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode()}
+    return value
+
+
+def _unjsonable(value: Any) -> Any:
+    if isinstance(value, dict) and "b64" in value:
+        return base64.b64decode(value["b64"])
+    return value
+
+
+# ---------------------------------------------------------------------------------------- layouts
+class Layout:
+    """Where the tensors of several values sit in an arena, built on the judge's side."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.end = _align(start)
+
+    def place(self, value: Any) -> Any:
+        """The JSON description of ``value`` with room reserved for each tensor (contiguous)."""
+        if isinstance(value, torch.Tensor):
+            if value.dtype not in DTYPE_NAMES:
+                raise PkbError(f"tensors of dtype {value.dtype} cannot cross to the runner")
+            offset = self.end
+            self.end = _align(offset + value.numel() * value.element_size())
+            return {"t": [offset, DTYPE_NAMES[value.dtype], list(value.shape)]}
+        if isinstance(value, tuple):
+            return {"tuple": [self.place(v) for v in value]}
+        if isinstance(value, list):
+            return {"list": [self.place(v) for v in value]}
+        if isinstance(value, dict):
+            if not all(isinstance(k, str) for k in value):
+                raise PkbError("only dicts with string keys cross to the runner")
+            return {"dict": [[k, self.place(v)] for k, v in value.items()]}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return {"v": value}
+        if isinstance(value, torch.dtype):
+            return {"dtype": DTYPE_NAMES[value]}
+        raise PkbError(f"a value of type {type(value).__name__} cannot cross to the runner")
+
+
+def build(spec: Any, arena: torch.Tensor) -> Any:
+    """The value a description names, its tensors as views of ``arena``."""
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise ChannelError("a malformed value description")
+    ((kind, body),) = spec.items()
+    if kind == "t":
+        offset, dtype_name, shape = body
+        if dtype_name not in DTYPES_BY_NAME:
+            raise ChannelError(f"unknown dtype {dtype_name!r}")
+        return view(arena, int(offset), DTYPES_BY_NAME[dtype_name], tuple(int(d) for d in shape))
+    if kind == "tuple":
+        return tuple(build(s, arena) for s in body)
+    if kind == "list":
+        return [build(s, arena) for s in body]
+    if kind == "dict":
+        return {str(k): build(s, arena) for k, s in body}
+    if kind == "v":
+        return body
+    if kind == "dtype":
+        return DTYPES_BY_NAME[body]
+    raise ChannelError(f"unknown value kind {kind!r}")
+
+
+def write(value: Any, spec: Any, arena: torch.Tensor) -> None:
+    """Copy the tensors of ``value`` into their places (judge side: inputs)."""
+    kind, body = next(iter(spec.items()))
+    if kind == "t":
+        build(spec, arena).copy_(value)
+    elif kind in ("tuple", "list"):
+        for v, s in zip(value, body):
+            write(v, s, arena)
+    elif kind == "dict":
+        for k, s in body:
+            write(value[k], s, arena)

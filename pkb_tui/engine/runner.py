@@ -1,0 +1,319 @@
+"""The process that calls a solution: `python -m pkb_tui.engine.runner` (started by a judge).
+
+Each judge (a torchrun rank, engine.worker) starts one runner per variant it times: the baseline
+runner (the task's own baseline, trusted, kept for the launch) and a candidate runner per (task,
+model) item, which is the only process that ever imports candidate code. The runners of one
+variant form a process group of their own (the candidate's collectives run there). A runner takes
+commands from its judge and answers over the two pipes of engine.channel; inputs and outputs live
+in the judge's arena. Everything a runner says is untrusted by the judge: it reads outputs from
+the arena itself and times blocks with its own clock. This module only serves the honest case well
+(the same code times the baseline and the candidate, so its overhead falls on both alike).
+
+Commands (JSON): load, arena, prepare, run (eager | graph | null), profile, exit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+_perf_counter_ns = time.perf_counter_ns
+
+
+def main() -> int:
+    read_fd, write_fd = (int(v) for v in os.environ.pop("PKB_RUNNER_FDS").split(","))
+    arena_fd = int(os.environ.pop("PKB_ARENA_FD")) if os.environ.get("PKB_ARENA_FD") else None
+    from pkb_tui.engine import channel  # torch is imported here, before any candidate code
+
+    init = channel.receive(read_fd)
+    runner = Runner(init, read_fd, write_fd, arena_fd)
+    return runner.serve()
+
+
+class Runner:
+    def __init__(self, init: dict[str, Any], read_fd: int, write_fd: int, arena_fd: int | None) -> None:
+        import torch
+
+        self.torch = torch
+        self.init = init
+        self.read_fd, self.write_fd, self.arena_fd = read_fd, write_fd, arena_fd
+        self.rank, self.world_size = int(init["rank"]), int(init["world_size"])
+        self.mode = init["mode"]
+        self.device = torch.device(init["device"])
+        self.fn: Callable[..., Any] | None = None
+        self.arena: Any = None
+        self.inputs: list[Any] = []
+        self.out_specs: list[Any] = []
+        self.out_slots: list[Any] = []
+        self.null_outputs: list[Any] = []
+        self.prepared_key: str | None = None
+        self.graphs: dict[bool, Any] = {}  # null or not -> CUDA graph of the prepared calls
+        self.previous_outputs: list[Any] = []
+        self._cuda_event = torch.cuda.Event
+        self._cuda_synchronize = torch.cuda.synchronize
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self) -> str | None:
+        """Sandbox, device, process group. Returns the sandbox note (None: in force)."""
+        import torch.distributed as dist
+
+        os.chdir(self.init["scratch_dir"])
+        note = None
+        if self.init.get("sandbox", True):
+            from pkb_tui.engine.sandbox import restrict_writes, runner_writable
+
+            note = restrict_writes(runner_writable(Path(self.init["scratch_dir"])), scope_signals=True)
+        else:
+            note = "no write sandbox: PKB_SANDBOX=0"
+        if self.device.type == "cuda":
+            self.torch.cuda.set_device(self.device)
+        from datetime import timedelta
+
+        dist.init_process_group(
+            backend=self.init["backend"], init_method=f"tcp://{self.init['master_addr']}:{self.init['port']}",
+            rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=float(self.init["timeout_s"])),
+        )
+        if self.init["backend"] == "nccl":
+            dist.all_reduce(self.torch.zeros(1, device=self.device))
+            self.torch.cuda.synchronize(self.device)
+        return note
+
+    def serve(self) -> int:
+        from pkb_tui.engine import channel
+
+        try:
+            note = self.setup()
+        except BaseException as exc:  # noqa: BLE001 - reported to the judge, who decides
+            channel.send(self.write_fd, {"ok": False, "error": f"runner set-up failed: {type(exc).__name__}: {exc}"})
+            return 1
+        channel.send(self.write_fd, {"ok": True, "sandbox_note": note, "pid": os.getpid()})
+        while True:
+            try:
+                command = channel.receive(self.read_fd)
+            except channel.ChannelError:
+                return 0  # the judge went away: nothing left to do
+            t_in_ns = _perf_counter_ns()
+            op = command.get("op")
+            if op == "exit":
+                channel.send(self.write_fd, {"ok": True})
+                return 0
+            try:
+                reply = getattr(self, f"op_{op}")(command)
+            except BaseException as exc:  # noqa: BLE001 - the solution's failure is a result
+                traceback.print_exc()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                reply = {"ok": False, "raised": f"{type(exc).__name__}: {exc}"}
+            reply["t_in_ns"], reply["t_out_ns"] = t_in_ns, _perf_counter_ns()
+            channel.send(self.write_fd, reply)
+
+    # ------------------------------------------------------------------ commands
+    def op_load(self, command: dict[str, Any]) -> dict[str, Any]:
+        """The function to call: a task's baseline, or a candidate file's `solution`."""
+        path = command.get("solution_path")
+        self.graphs = {}
+        self.previous_outputs = []
+        if not path:
+            from tasks.base import load_task
+
+            self.fn = load_task(command["task"]).baseline
+            return {"ok": True}
+        import importlib.util
+
+        file = Path(path)
+        try:
+            spec = importlib.util.spec_from_file_location("pkb_candidate", file)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {file.name}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["pkb_candidate"] = module
+            sys.path.insert(0, str(file.parent))
+            spec.loader.exec_module(module)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from a candidate included
+            traceback.print_exc()
+            return {"ok": False, "error": f"{file.name} failed to import on rank {self.rank}: {type(exc).__name__}: {exc}"}
+        fn = getattr(module, "solution", None)
+        if not callable(fn):
+            return {"ok": False, "error": f"{file.name} defines no callable `solution`"}
+        self.fn = fn
+        return {"ok": True}
+
+    def op_arena(self, command: dict[str, Any]) -> dict[str, Any]:
+        from pkb_tui.engine import channel
+
+        self.arena = channel.attach(command["export"], self.arena_fd, self.device)
+        self.prepared_key = None
+        self.graphs = {}
+        return {"ok": True}
+
+    def op_prepare(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Views of the judge's slots: inputs[i] for call i, and where its outputs go."""
+        from pkb_tui.engine import channel
+
+        key = command.get("key")
+        if key is not None and key == self.prepared_key:
+            return {"ok": True, "same": True}
+        self.inputs = [channel.build(spec, self.arena) for spec in command["inputs"]]
+        self.out_specs = command["outputs"]
+        self.out_slots = [channel.build(spec, self.arena) for spec in self.out_specs]
+        self.null_outputs = []
+        self.prepared_key = key
+        self.graphs = {}
+        return {"ok": True, "same": False}
+
+    def op_run(self, command: dict[str, Any]) -> dict[str, Any]:
+        how = command.get("how", "eager")
+        torch = self.torch
+        on_gpu = self.device.type == "cuda"
+        null = how in ("null", "graph-null")
+        if null and not self.null_outputs:
+            self.null_outputs = [_clone_like(self._slot_outputs(i)) for i in range(len(self.inputs))]
+        captured = False
+        if how in ("graph", "graph-null"):
+            if not on_gpu:
+                return {"ok": True, "graph_error": "no CUDA graphs off the GPU"}
+            if null not in self.graphs:
+                error = self._capture(null)
+                if error:
+                    return {"ok": True, "graph_error": error}
+                captured = True
+        if command.get("poison"):
+            from pkb_tui.engine.compare import poison_free_memory
+
+            poison_free_memory(int(command["poison"]), self.device)
+        issues: list[str | None] = [None] * len(self.inputs)
+        leaves: list[list[Any]] = [[] for _ in self.inputs]
+        if on_gpu:
+            self._cuda_synchronize(self.device)
+            start, end = self._cuda_event(enable_timing=True), self._cuda_event(enable_timing=True)
+            start.record()
+        t0 = _perf_counter_ns()
+        if how in ("graph", "graph-null"):
+            self.graphs[null].replay()
+        else:
+            kept = []
+            for i, args in enumerate(self.inputs):
+                out = self.null_outputs[i] if null else self.fn(*args)
+                issues[i] = self._store(i, out, leaves[i], check=bool(command.get("check")))
+                if command.get("check"):
+                    kept.append(out)
+            if command.get("check"):
+                self.previous_outputs = kept
+        if on_gpu:
+            self._cuda_synchronize(self.device)
+            end.record()
+            end.synchronize()
+            device_us = start.elapsed_time(end) * 1000.0
+        else:
+            device_us = (_perf_counter_ns() - t0) / 1000.0
+        return {"ok": True, "device_us": device_us, "issues": issues, "leaves": leaves, "captured": captured}
+
+    def op_profile(self, command: dict[str, Any]) -> dict[str, Any]:
+        from collectors.profiler import profile_kernels
+
+        args = self.inputs[0]
+        trace = command.get("trace_path")
+        rows = profile_kernels(lambda: self.fn(*args), iterations=int(command.get("iterations", 3)),
+                               device=self.device, trace_path=trace)
+        return {"ok": True, "rows": rows[:200]}
+
+    # ------------------------------------------------------------------ helpers
+    def _slot_outputs(self, i: int) -> Any:
+        return self.out_slots[i]
+
+    def _capture(self, null: bool) -> str | None:
+        """One CUDA graph of every prepared call and the copy of its outputs into its slot."""
+        torch = self.torch
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # warm-up outside capture, as torch.cuda.graphs advises
+                for i, args in enumerate(self.inputs):
+                    self._store(i, self.null_outputs[i] if null else self.fn(*args), [], check=False)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self._cuda_synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for i, args in enumerate(self.inputs):
+                    self._store(i, self.null_outputs[i] if null else self.fn(*args), [], check=False)
+            self._cuda_synchronize(self.device)
+        except BaseException as exc:  # noqa: BLE001 - not capturable is a finding, not a failure
+            try:
+                self._cuda_synchronize(self.device)
+            except BaseException:  # noqa: BLE001
+                pass
+            return f"not capturable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        self.graphs[null] = graph
+        return None
+
+    def _store(self, i: int, out: Any, leaves: list[Any], *, check: bool) -> str | None:
+        """Copy call i's outputs into its slots; a sentence if their shape breaks the contract."""
+        try:
+            expected = self._slot_outputs(i)
+            problem = _copy_into(out, expected, self.out_specs[i], leaves, self.device, "output")
+        except Exception as exc:  # noqa: BLE001
+            return f"outputs could not be stored: {type(exc).__name__}: {exc}"
+        if problem or not check:
+            return problem
+        from pkb_tui.engine.compare import find_aliasing
+
+        return find_aliasing(out, [self.inputs[i]], self.previous_outputs)
+
+
+def _clone_like(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, tuple):
+        return tuple(_clone_like(v) for v in value)
+    if isinstance(value, list):
+        return [_clone_like(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _clone_like(v) for k, v in value.items()}
+    return value
+
+
+def _copy_into(out: Any, slot: Any, spec: dict[str, Any], leaves: list[Any], device: Any, where: str) -> str | None:
+    import torch
+
+    kind, body = next(iter(spec.items()))
+    if kind == "t":
+        if type(out) is not torch.Tensor:  # noqa: E721 - subclasses are refused on purpose
+            return f"{where}: expected a plain torch.Tensor, got {type(out).__module__}.{type(out).__qualname__}"
+        if out.shape != slot.shape or out.dtype != slot.dtype:
+            return f"{where}: {out.dtype} {tuple(out.shape)}, expected {slot.dtype} {tuple(slot.shape)}"
+        if out.device != slot.device:
+            return f"{where}: on {out.device}, expected {slot.device}"
+        slot.copy_(out)
+        return None
+    if kind in ("tuple", "list"):
+        if not isinstance(out, (tuple, list)) or len(out) != len(body):
+            return f"{where}: expected a sequence of {len(body)}, got {type(out).__name__}"
+        for index, (o, s, b) in enumerate(zip(out, slot, body)):
+            problem = _copy_into(o, s, b, leaves, device, f"{where}[{index}]")
+            if problem:
+                return problem
+        return None
+    if kind == "dict":
+        if not isinstance(out, dict) or sorted(out) != sorted(k for k, _ in body):
+            return f"{where}: expected keys {sorted(k for k, _ in body)}"
+        for key, b in body:
+            problem = _copy_into(out[key], slot[key], b, leaves, device, f"{where}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    if kind == "v":
+        if out is not None and not isinstance(out, (bool, int, float, str)):
+            return f"{where}: expected a plain value, got {type(out).__name__}"
+        leaves.append(out)
+        return None
+    return f"{where}: unknown slot kind"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

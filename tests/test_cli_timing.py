@@ -1,0 +1,170 @@
+"""What the CLI says about timing: speedup intervals, the speedup basis, results within the noise
+floor, cpu mode labelled for what it is; and calibrate's link latency and noise floor."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pkb_tui.engine import calibrate as cal
+from pkb_tui.engine import roofline
+from pkb_tui.store import Store
+
+CPU_LABEL = "cpu: for development, not a measurement"
+
+
+def _stored_run(db: Path, *, mode: str = "nccl") -> int:
+    """A finished run as the new engine stores it: eager and graph figures, intervals, noise."""
+    with Store(db) as store:
+        run_id = store.create_run({
+            "batch_id": "b", "task_id": "all_reduce", "model": "m", "world_size": 2, "mode": mode,
+            "dtype": "float32", "size": "small", "trials": 1, "timeout_s": 10, "request": {}, "status": "passed",
+            "timings_representative": int(mode == "nccl"),
+        })
+        store.add_result(run_id, "baseline", {
+            "correct": 1, "median_us": 40.0, "eager_median_us": 40.0, "graph_median_us": 2.0, "rounds": 9,
+            "timing_method": "eager",
+        })
+        store.add_result(run_id, "candidate", {
+            "correct": 1, "trials_passed": 1, "trials_total": 1, "median_us": 39.0, "eager_median_us": 39.0,
+            "graph_median_us": 1.0, "rounds": 9, "timing_method": "eager",
+            "speedup": 1.03, "speedup_low": 1.01, "speedup_high": 1.05, "within_noise": 1, "noise_floor_fraction": 0.04,
+            "speedup_eager": 1.03, "speedup_eager_low": 1.01, "speedup_eager_high": 1.05,
+            "speedup_graph": 2.0, "speedup_graph_low": 1.9, "speedup_graph_high": 2.1,
+        })
+    return run_id
+
+
+def test_show_prints_the_interval_and_says_when_it_is_within_noise(cli, tmp_db):
+    run_id = _stored_run(tmp_db)
+    text = cli("show", str(run_id))
+    assert "1.03x [1.01, 1.05] ~noise" in text.out
+    assert "self-check spread" in text.out
+    graph = cli("show", str(run_id), "--speedup-basis", "graph")
+    assert "2.00x [1.90, 2.10]" in graph.out and "~noise" not in graph.out
+    doc = cli("show", str(run_id), "--json", "--speedup-basis", "graph").json()
+    assert doc["speedup"] == 2.0 and doc["speedup_low"] == 1.9 and doc["within_noise"] is False
+    assert doc["speedup_basis"] == "graph" and doc["candidate"]["median_us"] == 1.0
+    assert doc["speedup_eager"] == 1.03 and doc["measurement_note"] is None
+    listing = cli("runs", "--json").json()
+    assert listing[0]["speedup_low"] == 1.01 and listing[0]["within_noise"] == 1
+    assert "1.03x [1.01, 1.05] ~noise" in cli("runs").out
+    assert cli("runs", "--speedup-basis", "wall").code == 2
+
+
+def test_cpu_runs_are_labelled_in_the_table_and_the_json(cli, tmp_db):
+    run_id = _stored_run(tmp_db, mode="cpu")
+    text = cli("show", str(run_id)).out
+    assert CPU_LABEL in text and "cpu: n/a" in text
+    doc = cli("show", str(run_id), "--json").json()
+    assert doc["measurement_note"] == CPU_LABEL and doc["timings_representative"] is False
+    assert CPU_LABEL in cli("runs").out
+    assert cli("runs", "--json").json()[0]["measurement_note"] == CPU_LABEL
+
+
+def test_a_real_cpu_run_claims_no_roofline_and_no_bus_bandwidth(cli, tmp_db):
+    result = cli("run", "--task", "all_reduce", "--model", "baseline", "--world-size", "2", "--mode", "cpu",
+                 "--trials", "1", "--iterations", "4", "--warmup", "1", "--no-profile", "--json")
+    assert result.code == 0, result.err
+    run = result.json()["runs"][0]
+    assert run["measurement_note"] == CPU_LABEL and run["timings_representative"] is False
+    for variant in ("baseline", "candidate"):
+        figures = run[variant]
+        assert figures["median_us"] > 0
+        assert figures["roofline_fraction"] is None and figures["bus_bandwidth_gbps"] is None
+        assert figures["bandwidth_source"].startswith(CPU_LABEL)
+    assert run["speedup_basis"] == "eager"
+
+
+def test_link_latency_comes_from_the_sweeps_smallest_message():
+    sweep = [{"size_bytes": 8, "time_us": 14.0}, {"size_bytes": 1024, "time_us": 15.0},
+             {"size_bytes": 16 * cal.MiB, "time_us": 150.0}]
+    alpha, detail = cal.link_latency_from_sweep(sweep, 8)
+    assert alpha == pytest.approx(1.0) and detail["steps"] == 14 and detail["allreduce_time_us"] == 14.0
+    assert cal.link_latency_from_sweep(sweep[2:], 8) is None  # no small message: no latency
+    assert cal.link_latency_from_sweep(sweep, 1) is None
+
+
+def test_calibration_stores_the_latency_where_the_roofline_reads_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(cal, "measure_device_copy_gbps", lambda d, n: 4300.0)
+    monkeypatch.setattr(cal, "measure_peer_copy_engine_gbps", lambda a, b, n: 370.0)
+    monkeypatch.setattr(cal, "measure_peer_sm_gbps", lambda a, b, n: 395.0)
+    sweep = [{"size_bytes": 8, "time_us": 7.0, "algbw_gbps": 0.0, "busbw_gbps": 0.0},
+             {"size_bytes": 256 * cal.MiB, "time_us": 700.0, "algbw_gbps": 383.5, "busbw_gbps": 383.5}]
+    monkeypatch.setattr(cal, "measure_allreduce_sweep", lambda world, sizes, iterations=20: sweep)
+    with Store(tmp_path / "runs.db") as store:
+        host = {"hostname": "box", "gpu_model": "NVIDIA H200", "gpu_count": 2, "topology": None}
+        host_id = store.upsert_host(host)
+        rows = cal.calibrate(store, host_id, quick=True)
+        latency = store.latest_link_latency(host_id)
+    assert latency["latency_us"] == pytest.approx(3.5)  # 7 us over 2(n-1) = 2 ring steps
+    assert any(r["kind"] == "link_latency" for r in rows)
+    bw = roofline.bandwidths_for(host, {}, "nccl", 2, latency=latency)
+    assert bw.latency_us == pytest.approx(3.5) and "calibrated" in bw.latency_source
+    table = cal.format_table(host, rows, cal.datasheet_for(host))
+    assert "link_latency" in table and "3.50 us" in table
+
+
+def test_the_noise_floor_on_a_cpu_box_is_measured_through_the_launcher(monkeypatch, tmp_path):
+    # the real thing: the baseline against itself on gloo ranks, two of the eight collectives
+    monkeypatch.setattr(cal, "NOISE_TASKS", ("all_reduce", "broadcast"))
+    db = tmp_path / "runs.db"
+    out = io.StringIO()
+    code = cal.calibrate_command(str(db), as_json=True, quick=True, out=out, noise_only=True)
+    assert code == 0
+    doc = json.loads(out.getvalue())
+    (row,) = doc["rows"]
+    assert row["kind"] == "noise_floor" and row["mode"] == "cpu", row
+    assert row["noise_floor_fraction"] >= 0.0
+    assert set(row["detail"]["tasks"]) == {"all_reduce", "broadcast"}
+    with Store(db) as store:
+        run = store.run(row["detail"]["tasks"]["all_reduce"]["run_id"])
+        stored = store.latest_noise_floor(run["host_id"], "cpu")
+    assert run["model"] == "baseline" and stored["noise_floor_fraction"] == row["noise_floor_fraction"]
+    table = cal.format_table({"gpu_count": 0}, [row], {})
+    assert "noise_floor" in table and "(cpu mode)" in table
+
+
+def test_the_result_and_history_screens_show_intervals_noise_and_the_basis(tmp_path):
+    import asyncio
+
+    from pkb_tui.app import PkbApp
+    from pkb_tui.app.screens.history import HistoryScreen
+    from tests.app_fixtures import app_config, screen_text
+
+    db = tmp_path / "runs.db"
+    nccl_run = _stored_run(db)
+    cpu_run = _stored_run(db, mode="cpu")
+    app = PkbApp(config=app_config(db))
+
+    async def main() -> None:
+        async with app.run_test(size=(110, 40)) as pilot:
+            await pilot.pause()
+            app.open_result(nccl_run)
+            await pilot.pause()
+            text = screen_text(app)
+            assert "1.03× ▲ [1.01, 1.05]" in text and "within this host's noise (±4.0%)" in text
+            assert "eager med" in text and "graph med" in text and "1.0 µs" in text
+            await pilot.press("escape")
+            app.open_result(cpu_run)
+            await pilot.pause()
+            assert CPU_LABEL in screen_text(app)
+            await pilot.press("escape")
+            await pilot.press("h")
+            await pilot.pause()
+            assert isinstance(app.screen, HistoryScreen)
+            await pilot.press("e")  # the speedup basis: graph
+            await pilot.pause()
+            assert app.config.speedup_basis == "graph"
+            assert "2.00× ▲" in screen_text(app)
+            await pilot.press("b")
+            await pilot.pause()
+            assert "(latest run per task, graph)" in screen_text(app)
+
+    asyncio.run(main())
