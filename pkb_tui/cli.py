@@ -193,7 +193,6 @@ def _pkb_run_options(args: argparse.Namespace, task_ids: list[str]) -> dict[str,
         os.environ["PKB_SHAPE"] = f"{args.m or 1024},{args.n or 1024}"
     os.environ["PKB_FRESH_SEEDS"] = "1" if args.fresh_seeds else "0"
     os.environ["PKB_TOLERANCE"] = "pkb" if args.pkb_tolerance else "pkb-tui"
-    os.environ["PKB_RUN_SEED"] = str(args.seed)  # lets a rank tell PKB's trial index from its seed
     if not any(t.startswith("pkb/") for t in task_ids):
         return {}
     return {"pkb": {

@@ -15,7 +15,7 @@ from pkb_tui.errors import PkbError
 CLONE = Path(__file__).parent / "fixtures" / "pkb_clone"
 MODEL_A = CLONE / "solutions_reference_bf16_none_acme_model-a"
 MODEL_B = CLONE / "solutions_reference_bf16_none_acme_model-b"
-PKB_ENV = ("PKB_ROOT", "PYTHONPATH", "PKB_BACKEND", "PKB_SHAPE", "PKB_FRESH_SEEDS", "PKB_TOLERANCE", "PKB_RUN_SEED")
+PKB_ENV = ("PKB_ROOT", "PYTHONPATH", "PKB_BACKEND", "PKB_SHAPE", "PKB_FRESH_SEEDS", "PKB_TOLERANCE")
 
 
 @pytest.fixture
@@ -81,18 +81,17 @@ def test_families_follow_pkb_problem_names_and_the_registry_accepts_only_known_p
 
 
 def test_inputs_come_from_the_clones_input_maker_with_pkb_trial_seeds(clone: Path) -> None:
-    from pkb_tui.engine.worker import _trial_seed
     from tasks import load_task
 
     task = load_task("pkb/1_all_reduce")
-    for trial in (0, 2):
-        # the worker passes only its per-trial seed today: the trial index is recovered from it
-        ctx = task.context(rank=1, world_size=2, dtype="bfloat16", size="small", seed=_trial_seed(0, task.id, trial))
+    for trial in (0, 2):  # whatever the judge's (secret) seed: PKB's trial t gets PKB's inputs for t
+        ctx = task.context(rank=1, world_size=2, dtype="bfloat16", size="small", seed=12345 + trial, trial=trial)
         (made,) = task.make_inputs(ctx)
         (expected,) = _fixture_inputs(1, 2, 1, (256, 256), torch.bfloat16, trial)
         assert torch.equal(made, expected), f"trial {trial}"
-    explicit = task.make_inputs(task.context(rank=0, world_size=2, dtype="bfloat16", size="small", trial=3))
-    assert torch.equal(explicit[0], _fixture_inputs(0, 2, 1, (256, 256), torch.bfloat16, 3)[0])
+    # a phase that is no trial (timing) gets inputs from its own seed, not trial 0's
+    timing = task.make_inputs(task.context(rank=1, world_size=2, dtype="bfloat16", size="small", seed=777))
+    assert not torch.equal(timing[0], _fixture_inputs(1, 2, 1, (256, 256), torch.bfloat16, 0)[0])
 
 
 def test_fresh_seeds_and_the_base_shape_override(clone: Path, pkb_env) -> None:

@@ -6,7 +6,7 @@
   Base shape (M, N) from the named size (small 256x256, default 1024x1024 as PKB, large 8192x8192)
   or from `--m/--n` ($PKB_SHAPE="M,N"); dtype default bfloat16 (the CLI's choice).
 - trials: by default PKB's own seeds, i.e. trial t of a run calls create_input_tensor(trial=t), so
-  inputs match what run_local.py makes for its trial t. With `--fresh-seeds` ($PKB_FRESH_SEEDS=1)
+  inputs match what run_local.py makes for its trial t (the worker passes t as TaskContext.trial). With `--fresh-seeds` ($PKB_FRESH_SEEDS=1)
   the trial number passed is derived from this project's per-trial seed (--seed, task, trial), so
   every --seed gives other inputs; for the eight collectives, whose PKB inputs are constant fills
   (rank+1) whatever the trial, fresh-seeds mode also replaces floating-point inputs by random values.
@@ -213,7 +213,7 @@ class _InputMaker:
     def __call__(self, ctx: TaskContext) -> tuple:
         inputs_module = _load_file(self.root, self.root / INPUTS_FILE, f"pkb_clone_inputs_{abs(hash(str(self.root)))}")
         fresh = os.environ.get("PKB_FRESH_SEEDS", "") == "1"
-        trial = _fresh_trial(ctx) if fresh else pkb_trial(ctx, self.task_id)
+        trial = _fresh_trial(ctx) if fresh else pkb_trial(ctx)
         made = inputs_module.create_input_tensor(
             ctx.rank, ctx.world_size, self.number, base_shape(ctx), ctx.dtype, trial=trial, device=ctx.device,
         )
@@ -233,21 +233,10 @@ def _fresh_trial(ctx: TaskContext) -> int:
     return ctx.seed % (1 << 31)
 
 
-def pkb_trial(ctx: TaskContext, task_id: str) -> int:
-    """PKB's trial number for this call: the context's trial when the caller passes it; else
-    recovered from the worker's per-trial seed (seed of --seed, task, trial index; --seed from
-    $PKB_RUN_SEED, 0 by default); phases that are no trial (timing, profile) get a seed-derived one."""
-    if ctx.trial is not None:
-        return ctx.trial
-    try:
-        from pkb_tui.engine.worker import _trial_seed
-    except Exception:
-        return _fresh_trial(ctx)
-    run_seed = int(os.environ.get("PKB_RUN_SEED", "0") or 0)
-    for trial in range(1024):
-        if _trial_seed(run_seed, task_id, trial) == ctx.seed:
-            return trial
-    return _fresh_trial(ctx)
+def pkb_trial(ctx: TaskContext) -> int:
+    """PKB's trial number for this call: the trial index the worker passes in the context; phases
+    that are no trial (timing, profile) get one derived from their seed."""
+    return ctx.trial if ctx.trial is not None else _fresh_trial(ctx)
 
 
 class _LazyBaseline:
