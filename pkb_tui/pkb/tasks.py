@@ -138,7 +138,8 @@ def _make_task(root: Path, number: int, name: str, file: Path) -> Task:
     for pattern, sizes, why in _WORLD_SIZE_RULES:
         if re.search(pattern, name):
             world_sizes, note = sizes, why
-    modes, mode_note = ("nccl", "shared-gpu", "cpu"), ""
+    modes: tuple[str, ...] = ("nccl", "shared-gpu", "cpu")
+    mode_note = ""
     for pattern, allowed, why in _MODE_RULES:
         if re.search(pattern, name):
             modes, mode_note = allowed, why
