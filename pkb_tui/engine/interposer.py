@@ -103,10 +103,15 @@ class RankMeasurement:
             bus_factor = sum(bytes_ * factor for bytes_, factor in parts) / payload
         else:
             bus_factor = 0.0
+        # Messages in a row for the roofline's latency term: one per collective (as nccl-tests'
+        # alpha counts it), p2p calls paired send with receive; a chain across ranks (a pipeline's
+        # stages) is not visible from one rank's calls.
+        collectives = sum(1 for c in self.calls if c.kind not in P2P_SEND + P2P_RECV + ("barrier",))
+        p2p = max(sum(1 for c in self.calls if c.kind in P2P_SEND), sum(1 for c in self.calls if c.kind in P2P_RECV))
         return Traffic(
             send_bytes=sum(c.send_bytes for c in self.calls), recv_bytes=sum(c.recv_bytes for c in self.calls),
             memory_bytes=self.input_bytes + self.output_bytes, flops=self.flops,
-            payload_bytes=payload, bus_factor=bus_factor, source=MEASURED_SOURCE,
+            payload_bytes=payload, bus_factor=bus_factor, messages=max(1, collectives + p2p), source=MEASURED_SOURCE,
         )
 
 
