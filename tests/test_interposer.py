@@ -14,7 +14,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
 # Where the hand-written model's memory figure claims what the measurement counts (inputs read +
 # outputs written), the two must agree too; elsewhere the hand-written model counts the
 # algorithm's own reads (docs/traffic-audit.md).
-SAME_MEMORY_CLAIM = ("all_gather", "all_to_all", "broadcast", "gather")
+SAME_MEMORY_CLAIM = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "gather")
 
 
 @pytest.mark.timeout(900)
