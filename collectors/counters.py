@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from collectors import nvml as N
 from collectors.nvml import CounterSnapshot, Gpm, NvmlSampler, counter_delta
@@ -288,9 +289,9 @@ def combine_phases(phases: list[dict[str, Any]], iterations: int) -> dict[str, A
     for key in ("elapsed_s", "nvlink_tx_bytes", "nvlink_rx_bytes", "pcie_tx_bytes", "pcie_rx_bytes"):
         values = [p.get(key) for p in phases]
         out[key] = sum(values) if all(v is not None for v in values) else None
-    for link in sorted({l for p in phases for l in p.get("links", {})}):
-        values = [p.get("links", {}).get(link) for p in phases]
-        out["links"][link] = sum(values) if all(v is not None for v in values) else None
+    for link in sorted({name for p in phases for name in p.get("links", {})}):
+        link_values = [p.get("links", {}).get(link) for p in phases]
+        out["links"][link] = sum(v for v in link_values if v is not None) if None not in link_values else None
     sources = {p.get("pcie_source") for p in phases}
     out["pcie_source"] = sources.pop() if len(sources) == 1 else ("mixed" if None not in sources else None)
     _busier_per_iteration(out, iterations)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any
 
 from collectors.sample import GpuSample, RankCpu
 
@@ -46,7 +47,7 @@ class _Window:
         t0, v0 = self.readings[0]
         if t <= t0:
             return None
-        deltas = tuple(v - w for v, w in zip(values, v0))
+        deltas = tuple(v - w for v, w in zip(values, v0, strict=False))
         if any(d < 0 for d in deltas):  # counter reset (e.g. a pid reused): start over
             self.readings.clear()
             self.readings.append((t, values))
@@ -73,7 +74,7 @@ class HostSampler:
         self.reason = reason
         self.proc = Path(proc_root)
         self.clock = clock
-        self._psutil = None
+        self._psutil: Any = None
         if use_psutil is not False:
             try:
                 import psutil
@@ -86,7 +87,7 @@ class HostSampler:
         self._cpu = _Window()
         self._loopback = _Window()
         self._procs: dict[int, _Window] = {}
-        self._ps_procs: dict[int, object] = {}
+        self._ps_procs: dict[int, Any] = {}
         self._memory: tuple[float, float | None] | None = None  # (read at, bytes)
         self.pids: list[int] = []
         self.process_cpu_pct: dict[int, float | None] = {}

@@ -68,7 +68,7 @@ def render_table(latest: dict[int, GpuSample], names: dict[int, str], header: st
         cells = [[title for title, _ in _GPU_COLUMNS]] + [[fn(s, names) for _, fn in _GPU_COLUMNS] for s in gpus]
         widths = [max(len(row[i]) for row in cells) for i in range(len(_GPU_COLUMNS))]
         for row in cells:
-            lines.append("  ".join(cell.rjust(w) if i != 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+            lines.append("  ".join(cell.rjust(w) if i != 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=False))))
     host = latest.get(-1)
     if host is not None:
         lines.append(

@@ -23,8 +23,9 @@ What is read, and why this way:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from collectors.sample import GpuSample, LinkSample
 
@@ -163,6 +164,92 @@ def describe_init_error(exc: BaseException) -> str:
     return f"NVML failed to start ({exc})"
 
 
+def nvml_call(nvml: Any, unsupported: set[str], function: str, *args: Any, handle: Any = None) -> Any:
+    """nvml.<function>([handle,] *args), or None ("not available") when NVML lacks it, the device
+    does not support it, or it fails. What answered NOT_SUPPORTED (or is missing) is remembered in
+    ``unsupported`` (one set per device) and not asked again. NVML queries go through here."""
+    key = f"{function}{args}"
+    if key in unsupported:
+        return None
+    fn = getattr(nvml, function, None)
+    if fn is None:
+        unsupported.add(key)
+        return None
+    try:
+        return fn(*args) if handle is None else fn(handle, *args)
+    except Exception as exc:  # NVMLError and ctypes errors alike: the value is just unavailable
+        if _error_code(exc) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT):
+            unsupported.add(key)
+        return None
+
+
+class Nvml:
+    """The gateway to NVML for one-off questions (which processes use the GPUs, device facts):
+    ``with Nvml() as nvml: nvml.device_call(0, "nvmlDeviceGetName")``. Where NVML cannot start,
+    ``reason`` says why and every call answers None, as the sampler's queries do."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self.module: Any = None
+        self.reason: str | None = None
+        self.unsupported: set[str] = set()
+        self._device_unsupported: dict[int, set[str]] = {}
+        self._handles: dict[int, Any] = {}
+        try:
+            module = nvml if nvml is not None else load_nvml()
+            module.nvmlInit()
+            self.module = module
+        except BaseException as exc:  # ImportError, NVMLError, OSError: all mean "no NVML here"
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            self.reason = describe_init_error(exc)
+
+    @property
+    def available(self) -> bool:
+        return self.module is not None
+
+    def call(self, function: str, *args: Any) -> Any:
+        return nvml_call(self.module, self.unsupported, function, *args) if self.module is not None else None
+
+    def device_count(self) -> int:
+        return int(self.call("nvmlDeviceGetCount") or 0)
+
+    def handle(self, index: int) -> Any:
+        if index not in self._handles:
+            self._handles[index] = self.call("nvmlDeviceGetHandleByIndex", index)
+        return self._handles[index]
+
+    def device_call(self, index: int, function: str, *args: Any) -> Any:
+        handle = self.handle(index)
+        if handle is None:
+            return None
+        unsupported = self._device_unsupported.setdefault(index, set())
+        return nvml_call(self.module, unsupported, function, *args, handle=handle)
+
+    def compute_pids(self) -> set[int]:
+        """Processes holding a compute context on any GPU (empty where NVML cannot say)."""
+        pids: set[int] = set()
+        for index in range(self.device_count()):
+            for proc in self.device_call(index, "nvmlDeviceGetComputeRunningProcesses") or []:
+                pid = getattr(proc, "pid", None)
+                if isinstance(pid, int):
+                    pids.add(pid)
+        return pids
+
+    def close(self) -> None:
+        if self.module is not None:
+            try:
+                self.module.nvmlShutdown()
+            except Exception:
+                pass
+            self.module = None
+
+    def __enter__(self) -> Nvml:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _field_value(entry: Any) -> int | float | None:
     """The number inside an nvmlFieldValue_t, by its value type."""
     kind = int(entry.valueType)
@@ -193,20 +280,8 @@ class _Gpu:
 
     # -- generic call with "unavailable" semantics
     def call(self, function: str, *args: Any) -> Any:
-        """nvml.<function>(handle, *args), or None if unsupported / failing."""
-        key = f"{function}{args}"
-        if key in self.unsupported:
-            return None
-        fn = getattr(self.nvml, function, None)
-        if fn is None:
-            self.unsupported.add(key)
-            return None
-        try:
-            return fn(self.handle, *args)
-        except Exception as exc:  # NVMLError and ctypes errors alike: the value is just unavailable
-            if _error_code(exc) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT):
-                self.unsupported.add(key)
-            return None
+        """nvml.<function>(handle, *args), or None if unsupported / failing (nvml_call)."""
+        return nvml_call(self.nvml, self.unsupported, function, *args, handle=self.handle)
 
     def _name(self) -> str:
         try:
@@ -249,7 +324,7 @@ class _Gpu:
         """Drop counter groups the device refuses, so the hot path asks only what it answers."""
         if self.links:
             snap = self.read_counters(include_pcie=False)
-            self.links = [l for l in self.links if l in snap.nvlink_tx_kib or l in snap.nvlink_rx_kib]
+            self.links = [link for link in self.links if link in snap.nvlink_tx_kib or link in snap.nvlink_rx_kib]
             self.nvlink_counters = bool(self.links)
         snap = self.read_counters(include_nvlink=False)
         self.pcie_counters = snap.pcie_tx_bytes is not None or snap.pcie_rx_bytes is not None
@@ -269,7 +344,7 @@ class _Gpu:
         if entries is None:
             return snap
         fallback_us = int(snap.host_monotonic_s * 1e6)
-        for (field_id, scope), entry in zip(requests, entries):
+        for (field_id, scope), entry in zip(requests, entries, strict=False):
             if int(entry.nvmlReturn) != NVML_SUCCESS:
                 continue
             raw = _field_value(entry)
@@ -286,7 +361,7 @@ class _Gpu:
                 snap.pcie_rx_bytes = reading
         return snap
 
-    def gauges(self) -> dict[str, float | None]:
+    def gauges(self) -> dict[str, Any]:  # GpuSample's gauge fields by name, None where not available
         """Utilisation, power, clocks, temperature, memory: ~10 us together."""
         util = self.call("nvmlDeviceGetUtilizationRates")
         memory = self.call("nvmlDeviceGetMemoryInfo")
@@ -327,7 +402,7 @@ class Gpm:
         self.nvml = nvml
         self.handle = handle
         self.clock = clock
-        self.links = [l for l in (links or []) if l < 36]
+        self.links = [link for link in (links or []) if link < 36]
         self.latest = GpmValues()
         self.buffers = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
         self._previous = 0  # index of the buffer holding the last sample
@@ -376,11 +451,11 @@ class Gpm:
         request.numMetrics = len(ids)
         request.sample1 = first
         request.sample2 = second
-        for slot, (_, metric_id) in zip(request.metrics, ids):
+        for slot, (_, metric_id) in zip(request.metrics, ids, strict=False):
             slot.metricId = metric_id
         self.nvml.nvmlGpmMetricsGet(request)
         raw: dict[str, float | None] = {}
-        for slot, (name, _) in zip(request.metrics, ids):
+        for slot, (name, _) in zip(request.metrics, ids, strict=False):
             value = float(slot.value)
             ok = int(slot.nvmlReturn) == NVML_SUCCESS and value == value and value >= 0
             raw[name] = value if ok else None
@@ -430,7 +505,7 @@ class PcieSteps:
 
     def add(self, reading: CounterSnapshot) -> None:
         current = (reading.pcie_tx_bytes, reading.pcie_rx_bytes)
-        for i, (before, after) in enumerate(zip(self.last, current)):
+        for i, (before, after) in enumerate(zip(self.last, current, strict=False)):
             if before is None or after is None:
                 self.sums[i] = None
                 continue
@@ -439,15 +514,18 @@ class PcieSteps:
             if after.timestamp_us - before.timestamp_us > self.safe_s * 1e6:
                 self.spoiled = True  # a second wrap may hide in this step
             step = counter_delta(before, after, modulus=PCIE_COUNTER_MODULUS)
-            self.sums[i] = self.sums[i] + step if self.sums[i] is not None and step is not None else None
-        self.last = tuple(after if after is not None else before for before, after in zip(self.last, current))
+            total = self.sums[i]
+            self.sums[i] = total + step if total is not None and step is not None else None
+        tx, rx = (after if after is not None else before for before, after in zip(self.last, current, strict=True))
+        self.last = (tx, rx)
         self.read_at = reading.host_monotonic_s
 
     def exact_bytes(self) -> tuple[int, int] | None:
         """(tx, rx) bytes since the interval began, or None if a step may hide a second wrap."""
-        if self.spoiled or None in self.sums:
+        tx, rx = self.sums
+        if self.spoiled or tx is None or rx is None:
             return None
-        return self.sums[0], self.sums[1]
+        return tx, rx
 
     def rates(self, max_bytes_per_s: float) -> tuple[float | None, float | None]:
         out: list[float | None] = []
@@ -646,7 +724,7 @@ class NvmlSampler:
                 pass
             self._owns_init = False
 
-    def __enter__(self) -> "NvmlSampler":
+    def __enter__(self) -> NvmlSampler:
         return self
 
     def __exit__(self, *exc: object) -> None:

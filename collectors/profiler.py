@@ -28,9 +28,12 @@ shared-gpu mode's path); in cpu mode they are the CPU operators, so the panel wo
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 CATEGORIES = ("communication", "copy", "candidate", "compute")
+# Calls of each variant the worker profiles (after timing): the kernel table's rows sum over them.
+PROFILE_CALLS = 3
 
 _COMM_PREFIX = re.compile(r"^(?:void\s+)?(?:nccl|rccl)", re.IGNORECASE)
 _COMM_CPU = re.compile(
@@ -137,7 +140,7 @@ def aggregate_events(events: Iterable[Any], device_type: str) -> list[dict[str, 
 
 def rows_from_totals(totals: dict[str, list[float]], device_type: str) -> list[dict[str, Any]]:
     grand_total = sum(total for _, total in totals.values())
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, (calls, total_us) in totals.items():
         rows.append({
             "name": name, "category": classify_kernel(name, device_type), "calls": int(calls),

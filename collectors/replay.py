@@ -97,7 +97,7 @@ class ReplayNvml:
         self.field_requests: list[list[tuple[int, int]]] = []
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "ReplayNvml":
+    def from_file(cls, path: str | Path) -> ReplayNvml:
         return cls(json.loads(Path(path).read_text()))
 
     # -- replay control
@@ -138,12 +138,12 @@ class ReplayNvml:
     def nvmlDeviceGetCount(self) -> int:
         return len(self.devices)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> ReplayHandle:
         if not 0 <= index < len(self.devices):
             raise NVMLError(2)
         return ReplayHandle(index)
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> int:
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> ReplayHandle:
         uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
         for index, device in enumerate(self.devices):
             if device.get("uuid") == uuid:
@@ -277,7 +277,7 @@ class ReplayNvml:
         sample.device, sample.tick = handle.index, self.cursor
         return sample
 
-    def nvmlGpmMetricsGet(self, request: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:  # a c_nvmlGpmMetricsGet_t
         self._count("nvmlGpmMetricsGet")
         first, second = request.sample1, request.sample2
         if first is None or second is None or first.tick is None or second.tick is None or first.device != second.device:
@@ -303,11 +303,12 @@ def record_trace(nvml: Any = None, *, ticks: int = 20, interval_s: float = 0.1, 
         devices = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            unsupported: set[str] = set()  # this GPU's queries that answered NOT_SUPPORTED (the gateway's)
             device: dict[str, Any] = {
-                "name": _try(lambda: _text(nvml.nvmlDeviceGetName(handle))),
-                "uuid": _try(lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
-                "pcie_max_generation": _try(lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
-                "pcie_max_width": _try(lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)),
+                "name": _text_or_none(N.nvml_call(nvml, unsupported, "nvmlDeviceGetName", handle=handle)),
+                "uuid": _text_or_none(N.nvml_call(nvml, unsupported, "nvmlDeviceGetUUID", handle=handle)),
+                "pcie_max_generation": N.nvml_call(nvml, unsupported, "nvmlDeviceGetMaxPcieLinkGeneration", handle=handle),
+                "pcie_max_width": N.nvml_call(nvml, unsupported, "nvmlDeviceGetMaxPcieLinkWidth", handle=handle),
                 "unsupported_fields": [], "unsupported_calls": [], "ticks": [],
             }
             entry = nvml.nvmlDeviceGetFieldValues(handle, [(N.FI_NVLINK_LINK_COUNT, 0)])[0]
@@ -336,22 +337,25 @@ def record_trace(nvml: Any = None, *, ticks: int = 20, interval_s: float = 0.1, 
                 requests = [(f, link) for link in links_of[position] for f in (N.FI_NVLINK_DATA_TX_KIB, N.FI_NVLINK_DATA_RX_KIB)]
                 requests += [(N.FI_PCIE_TX_BYTES, 0), (N.FI_PCIE_RX_BYTES, 0)]
                 tick: dict[str, Any] = {"t_us": None, "fields": {}}
-                for (field_id, scope), entry in zip(requests, nvml.nvmlDeviceGetFieldValues(handle, requests)):
+                for (field_id, scope), entry in zip(requests, nvml.nvmlDeviceGetFieldValues(handle, requests), strict=False):
                     if int(entry.nvmlReturn) != 0:
                         if field_id not in device["unsupported_fields"]:
                             device["unsupported_fields"].append(field_id)
                         continue
-                    tick["fields"][f"{field_id}:{scope}"] = int(N._field_value(entry))
+                    value = N._field_value(entry)
+                    if value is None:  # a value type we do not read: as good as unsupported
+                        continue
+                    tick["fields"][f"{field_id}:{scope}"] = int(value)
                     tick["t_us"] = tick["t_us"] or int(entry.timestamp)
                 tick["t_us"] = tick["t_us"] or int(time.monotonic() * 1e6)
-                util = _try(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+                util = N.nvml_call(nvml, unsupported, "nvmlDeviceGetUtilizationRates", handle=handle)
                 tick["util"] = [util.gpu, util.memory] if util is not None else None
-                memory = _try(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+                memory = N.nvml_call(nvml, unsupported, "nvmlDeviceGetMemoryInfo", handle=handle)
                 tick["memory_used_bytes"] = memory.used if memory is not None else None
-                tick["power_mw"] = _try(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
-                tick["sm_clock_mhz"] = _try(lambda: nvml.nvmlDeviceGetClockInfo(handle, N.CLOCK_SM))
-                tick["mem_clock_mhz"] = _try(lambda: nvml.nvmlDeviceGetClockInfo(handle, N.CLOCK_MEM))
-                tick["temperature_c"] = _try(lambda: nvml.nvmlDeviceGetTemperature(handle, N.TEMPERATURE_GPU))
+                tick["power_mw"] = N.nvml_call(nvml, unsupported, "nvmlDeviceGetPowerUsage", handle=handle)
+                tick["sm_clock_mhz"] = N.nvml_call(nvml, unsupported, "nvmlDeviceGetClockInfo", N.CLOCK_SM, handle=handle)
+                tick["mem_clock_mhz"] = N.nvml_call(nvml, unsupported, "nvmlDeviceGetClockInfo", N.CLOCK_MEM, handle=handle)
+                tick["temperature_c"] = N.nvml_call(nvml, unsupported, "nvmlDeviceGetTemperature", N.TEMPERATURE_GPU, handle=handle)
                 if position in gpms:
                     values = gpms[position].sample(force=True)
                     tick["gpm"] = _gpm_as_recorded(values)
@@ -389,11 +393,8 @@ def _gpm_as_recorded(values: N.GpmValues) -> dict[str, float]:
     return out
 
 
-def _try(fn: Any) -> Any:
-    try:
-        return fn()
-    except Exception:
-        return None
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else _text(value)
 
 
 def _text(value: Any) -> str:

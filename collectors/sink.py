@@ -5,9 +5,9 @@
 - SampleSink: ``put()`` never blocks the sampler; a writer thread with its own connection writes
   whatever has queued up in one transaction (executemany into samples and link_samples), every
   ``flush_interval_s`` or as soon as ``batch_rows`` are waiting.
-- apply_retention: raw samples older than ``raw_keep_s`` become per-second averages
-  (resolution '1s'), so a database that has monitored for weeks stays small and fast. NULLs stay
-  NULL through averaging: "not available" never turns into 0.
+- retention (pkb_tui.store.samples.apply_retention, which owns the SQL, as the inserts): raw
+  samples older than ``raw_keep_s`` become per-second averages (resolution '1s'), so a database
+  that has monitored for weeks stays small and fast. NULLs stay NULL through averaging.
 """
 
 from __future__ import annotations
@@ -18,37 +18,15 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from collectors.sample import SAMPLE_COLUMNS, GpuSample
+from pkb_tui.store.samples import LINK_WIDTH, apply_retention, insert_samples, open_sample_writer
 
-_SAMPLE_HEAD = f"INSERT INTO samples (ts, host_id, run_id, gpu, {', '.join(SAMPLE_COLUMNS)}) VALUES "
-_SAMPLE_WIDTH = 4 + len(SAMPLE_COLUMNS)
-_LINK_HEAD = "INSERT INTO link_samples (ts, run_id, gpu, link, tx_bytes_per_s, rx_bytes_per_s) VALUES "
-_LINK_WIDTH = 6
-_RANK_HEAD = "INSERT INTO rank_samples (ts, run_id, rank, pid, cpu_pct) VALUES "
-_RANK_WIDTH = 5
+__all__ = ["RingBuffer", "SampleSink", "apply_retention", "write_samples"]  # apply_retention: the store's
+
 _sample_fields = operator.attrgetter("run_id", "gpu", *SAMPLE_COLUMNS)
-_ROWS_PER_STATEMENT = 500  # more buys nothing measurable
-
-
-def _insert_many(conn: sqlite3.Connection, head: str, width: int, values: list) -> None:
-    """INSERT of len(values) // width rows, several rows per statement.
-
-    One statement per row (executemany) spends most of its time stepping and resetting the
-    statement; a multi-row VALUES list does that once per chunk. Chunks stay under the
-    connection's bound-parameter limit (32,766 by default, 999 before SQLite 3.32).
-    """
-    limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    per = max(1, min(_ROWS_PER_STATEMENT, limit // width))
-    row = "(" + ", ".join("?" * width) + ")"
-    full = head + ", ".join([row] * per)
-    step = per * width
-    for k in range(0, len(values), step):
-        chunk = values[k:k + step]
-        sql = full if len(chunk) == step else head + ", ".join([row] * (len(chunk) // width))
-        conn.execute(sql, chunk)
 
 
 # ------------------------------------------------------------------------------------ ring buffer
@@ -105,17 +83,6 @@ class RingBuffer:
 
 
 # ------------------------------------------------------------------------------------ SQLite sink
-def _open_for_writing(db_path: str | Path) -> sqlite3.Connection:
-    """A connection of our own on a migrated database, in WAL mode."""
-    from pkb_tui.store.store import Store, connect
-
-    Store(db_path, recover=False).close()  # creates / migrates the schema if needed
-    conn = connect(db_path)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    return conn
-
-
 def write_samples(conn: sqlite3.Connection, samples: list[GpuSample], host_id: int | None = None) -> tuple[int, int]:
     """Insert samples, their links and their ranks in one transaction; returns (sample rows, link rows)."""
     values: list = []
@@ -131,18 +98,8 @@ def write_samples(conn: sqlite3.Connection, samples: list[GpuSample], host_id: i
         if s.ranks:
             for rank in s.ranks:
                 rank_values.extend((s.ts, s.run_id, rank.rank, rank.pid, rank.cpu_pct))
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        _insert_many(conn, _SAMPLE_HEAD, _SAMPLE_WIDTH, values)
-        if link_values:
-            _insert_many(conn, _LINK_HEAD, _LINK_WIDTH, link_values)
-        if rank_values:
-            _insert_many(conn, _RANK_HEAD, _RANK_WIDTH, rank_values)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-    return len(samples), len(link_values) // _LINK_WIDTH
+    insert_samples(conn, values, link_values, rank_values)
+    return len(samples), len(link_values) // LINK_WIDTH
 
 
 class SampleSink:
@@ -175,7 +132,7 @@ class SampleSink:
         self._done = 0  # samples ever written or dropped
         self._cond = threading.Condition()
         self._closing = False
-        self._conn = _open_for_writing(self.db_path)  # fail here, in the caller, if the db is unusable
+        self._conn = open_sample_writer(self.db_path)  # fail here, in the caller, if the db is unusable
         self._last_retention = -math.inf
         self._retained_until: float | None = None  # raw rows before this are folded already
         self._thread = threading.Thread(target=self._run, name=f"pkb-sample-sink:{self.db_path.name}", daemon=True)
@@ -218,7 +175,7 @@ class SampleSink:
             self._cond.notify_all()
         self._thread.join(timeout_s)
 
-    def __enter__(self) -> "SampleSink":
+    def __enter__(self) -> SampleSink:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -276,71 +233,3 @@ class SampleSink:
             self.error = f"retention on {self.db_path} failed: {exc}"
 
 
-# ------------------------------------------------------------------------------------ retention
-def apply_retention(
-    conn_or_path: sqlite3.Connection | str | Path, raw_keep_s: float, now: float | None = None, *,
-    since: float | None = None, slice_s: float = 30.0,
-) -> int:
-    """Replace raw samples older than ``raw_keep_s`` by per-second averages; returns raw sample rows replaced.
-
-    Works through the old raw rows in slices of ``slice_s`` seconds, one short transaction each, so
-    the launcher's own writes never wait long for the lock. ``since``: where the raw rows start, if
-    known (the sink remembers its last cut); else it is looked up. Cuts fall on whole seconds, so no
-    second is ever split between a raw and an averaged part. An averaged row's ts is the mean of its
-    raw rows' ts (inside its second); averages skip NULLs, and a column that was NULL stays NULL.
-    """
-    own = not isinstance(conn_or_path, sqlite3.Connection)
-    conn = _open_for_writing(conn_or_path) if own else conn_or_path
-    cutoff = math.floor((time.time() if now is None else now) - raw_keep_s)
-    averages = ", ".join(f"AVG({c})" for c in SAMPLE_COLUMNS)
-    window = "resolution = 'raw' AND ts >= ? AND ts < ?"
-    fold_samples = (
-        f"INSERT INTO samples (ts, host_id, run_id, gpu, resolution, {', '.join(SAMPLE_COLUMNS)}) "
-        f"SELECT AVG(ts), host_id, run_id, gpu, '1s', {averages} FROM samples "
-        f"WHERE {window} GROUP BY host_id, run_id, gpu, CAST(ts AS INTEGER)"
-    )
-    fold_links = (
-        "INSERT INTO link_samples (ts, run_id, gpu, link, resolution, tx_bytes_per_s, rx_bytes_per_s) "
-        "SELECT AVG(ts), run_id, gpu, link, '1s', AVG(tx_bytes_per_s), AVG(rx_bytes_per_s) FROM link_samples "
-        f"WHERE {window} GROUP BY run_id, gpu, link, CAST(ts AS INTEGER)"
-    )
-    fold_ranks = (
-        "INSERT INTO rank_samples (ts, run_id, rank, pid, resolution, cpu_pct) "
-        "SELECT AVG(ts), run_id, rank, pid, '1s', AVG(cpu_pct) FROM rank_samples "
-        f"WHERE {window} GROUP BY run_id, rank, pid, CAST(ts AS INTEGER)"
-    )
-
-    def next_raw(after: float) -> float | None:
-        found = [
-            conn.execute(f"SELECT ts FROM {table} WHERE resolution = 'raw' AND ts >= ? ORDER BY ts LIMIT 1", (after,)).fetchone()
-            for table in ("samples", "link_samples", "rank_samples")
-        ]
-        times = [row[0] for row in found if row is not None]
-        return math.floor(min(times)) if times else None
-
-    outer = conn.in_transaction  # a caller's transaction: fold inside it, no commits of ours
-    replaced = 0
-    try:
-        start = next_raw(-math.inf if since is None else math.floor(since))
-        while start is not None and start < cutoff:
-            end = min(cutoff, start + max(1, math.ceil(slice_s)))
-            if not outer:
-                conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.execute(fold_samples, (start, end))
-                replaced += conn.execute(f"DELETE FROM samples WHERE {window}", (start, end)).rowcount
-                conn.execute(fold_links, (start, end))
-                conn.execute(f"DELETE FROM link_samples WHERE {window}", (start, end))
-                conn.execute(fold_ranks, (start, end))
-                conn.execute(f"DELETE FROM rank_samples WHERE {window}", (start, end))
-            except BaseException:
-                if not outer:
-                    conn.execute("ROLLBACK")
-                raise
-            if not outer:
-                conn.execute("COMMIT")
-            start = next_raw(end)
-        return replaced
-    finally:
-        if own:
-            conn.close()

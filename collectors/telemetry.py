@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from collectors.host import HostSampler
 from collectors.nvml import NvmlSampler
@@ -128,21 +129,22 @@ class Telemetry:
     def _wait_until(self, deadline: float) -> None:
         """Sleep until ``deadline`` (or stop); meanwhile keep 32-bit PCIe counters unwrapped on GPUs
         without GPM, whose counters may wrap twice between samples slower than ~10 Hz."""
-        step = self.gpu.pcie_step_interval_s() if self.gpu is not None else None
+        gpu = self.gpu
+        step = gpu.pcie_step_interval_s() if gpu is not None else None
         while True:
             left = deadline - time.monotonic()
-            if step is None or left <= step:
+            if gpu is None or step is None or left <= step:
                 self._stop.wait(max(0.0, left))
                 return
             if self._stop.wait(step):
                 return
             with self._lock:
                 try:
-                    self.gpu.pcie_step()
+                    gpu.pcie_step()
                 except Exception as exc:  # a failed read only costs that step; the next sample says so
                     self.error = f"{type(exc).__name__}: {exc}"
 
-    def start(self) -> "Telemetry":
+    def start(self) -> Telemetry:
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="pkb-telemetry", daemon=True)
@@ -164,7 +166,7 @@ class Telemetry:
             self.gpu.close()
             self.gpu = None
 
-    def __enter__(self) -> "Telemetry":
+    def __enter__(self) -> Telemetry:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

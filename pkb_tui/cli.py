@@ -2,7 +2,8 @@
 
 With no command it opens the dashboard (Textual, imported only then). Errors a user can hit print
 one sentence (no traceback unless --verbose). Exit codes: 0 every candidate correct, 1 some
-candidate incorrect or failed, 2 usage error, 3 harness error.
+candidate incorrect or failed, 2 usage error, 3 harness error (the ranks did not start, a launcher
+or database failure), 130 interrupted (Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -10,27 +11,32 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import sqlite3
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, NoReturn, TextIO
 
+from pkb_tui.engine.modes import MODE_CHOICES
 from pkb_tui.errors import EXIT_CANDIDATE_FAILED, EXIT_HARNESS, EXIT_OK, PkbError
+from pkb_tui.store.statuses import STATUSES, status_label
 
-STATUS_MARKS = {
-    "passed": "✓", "failed": "✗", "error": "!", "timeout": "⏱", "interrupted": "◼", "running": "…", "queued": "·",
-}
+EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+DEFAULT_KERNELS_SHOWN = 10  # per variant in `show`
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # usage errors: one sentence, exit 2
+    def error(self, message: str) -> NoReturn:  # usage errors: one sentence, exit 2
         raise PkbError(f"{message} (see `{self.prog} --help`).")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pkb-tui", description="Evaluate multi-GPU communication kernels.")
     parser.add_argument("--db", help="database file (default ./runs.db or $PKB_DB)")
+    parser.add_argument("--runs-dir", help="folder for run logs and traces (default: pkb-runs next to the database)")
     parser.add_argument("--verbose", "-v", action="store_true", help="show tracebacks of errors")
     parser.add_argument("--pkb-root", help="a ParallelKernelBench clone: its problems join the dashboard's tasks (remembered)")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -39,11 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--task", required=True, help="task id(s), comma separated, or 'all'")
     run.add_argument("--model", required=True, help="solution set name(s) or path(s), comma separated; 'baseline' runs the baseline")
     run.add_argument("--world-size", type=int, default=2)
-    run.add_argument("--mode", choices=["auto", "nccl", "shared-gpu", "cpu"], default="auto")
+    run.add_argument("--oversubscribe", action="store_true",
+                     help="allow more ranks than the mode holds here (CPU cores, GPUs, 8 on a shared GPU)")
+    run.add_argument("--mode", choices=list(MODE_CHOICES), default="auto")
     run.add_argument("--dtype", default=None, help="default float32; bfloat16 when every task is a PKB problem")
     run.add_argument("--size", default="small", help="small, default or large")
     run.add_argument("--trials", type=int, default=3)
-    run.add_argument("--timeout", type=float, default=300.0, help="seconds per run (task x model)")
+    run.add_argument("--timeout", type=float, default=300.0,
+                     help="wall seconds per run (task x model), the ranks' start-up included")
     run.add_argument("--iterations", type=int, default=30, help="timed iterations per variant")
     run.add_argument("--warmup", type=int, default=5)
     run.add_argument("--no-timing", action="store_true", help="check correctness only")
@@ -52,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _basis_option(run)
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+    run.add_argument("--runs-dir", dest="sub_runs_dir", help=argparse.SUPPRESS)
     _add_pkb_options(run)
     pkb = run.add_argument_group("ParallelKernelBench problems (tasks pkb/<N>_<name>; pkb/all, pkb/1-8 select several)")
     pkb.add_argument("--m", type=int, help="PKB base shape M (rows); overrides --size")
@@ -74,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="run history")
     runs.add_argument("--task")
     runs.add_argument("--model")
-    runs.add_argument("--status")
+    runs.add_argument("--status", choices=list(STATUSES))
     runs.add_argument("--limit", type=int, default=50)
     _basis_option(runs)
     runs.add_argument("--json", action="store_true")
@@ -90,14 +100,21 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="one run in full")
     show.add_argument("run_id", type=int)
     _basis_option(show)
+    show.add_argument("--kernels", default=str(DEFAULT_KERNELS_SHOWN),
+                      help=f"kernels shown per variant (biggest total time first): a number or 'all' (default {DEFAULT_KERNELS_SHOWN})")
     show.add_argument("--json", action="store_true")
     show.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    rm = sub.add_parser("rm", help="delete runs with their results, trials, kernels and samples")
+    rm.add_argument("run_ids", type=int, nargs="+", metavar="RUN_ID")
+    rm.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
 
     monitor = sub.add_parser("monitor", help="live NVLink/PCIe/utilisation with no run going")
     monitor.add_argument("--duration", type=float, help="seconds (default: until Ctrl-C)")
     monitor.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes")
     monitor.add_argument("--json", action="store_true", help="JSON lines instead of a table")
-    monitor.add_argument("--no-record", action="store_true", help="do not write samples to the database")
+    monitor.add_argument("--record", action="store_true",
+                         help="also write the samples to the database (default: not recorded, as the dashboard's Monitor)")
     monitor.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
 
     calibrate = sub.add_parser("calibrate", help="measure this host's memory, peer and NCCL bandwidths")
@@ -143,9 +160,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in argv or "-v" in argv
+    db: Path | None = None
     try:
         args = build_parser().parse_args(argv)
         db = Path(getattr(args, "sub_db", None) or args.db) if (getattr(args, "sub_db", None) or args.db) else None
+        runs_dir = getattr(args, "sub_runs_dir", None) or args.runs_dir
+        args.runs_dir = Path(runs_dir) if runs_dir else None
         if args.command is None:
             from pkb_tui.app import run_app
             from pkb_tui.store import default_db_path
@@ -154,18 +174,37 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                 from pkb_tui.pkb.settings import remember_root
 
                 remember_root(_activated_root(args.pkb_root))
-            return run_app(db or default_db_path())
+            return run_app(db or default_db_path(), runs_dir=args.runs_dir)
         _activate_pkb(args)
         handler = COMMANDS[args.command]
-        return handler(args, db, out)
+        code = handler(args, db, out)
+        out.flush()
+        return code
     except PkbError as exc:
         if verbose:
             traceback.print_exc()
         print(f"pkb-tui: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        # `pkb-tui ... | head`: the reader has gone; stop quietly. Point stdout at /dev/null so the
+        # interpreter's own flush at exit does not print the same error.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_OK
     except KeyboardInterrupt:
         print("pkb-tui: interrupted.", file=sys.stderr)
-        return EXIT_CANDIDATE_FAILED
+        return EXIT_INTERRUPTED
+    except sqlite3.DatabaseError as exc:
+        # Damage past the header shows only when a page is read; the header's case is caught on open.
+        from pkb_tui.store import default_db_path
+        from pkb_tui.store.store import damaged_database
+
+        if verbose:
+            traceback.print_exc()
+        print(f"pkb-tui: {damaged_database(db or default_db_path(), exc)}", file=sys.stderr)
+        return EXIT_HARNESS
     except Exception as exc:  # a harness bug: say so, keep the traceback behind --verbose
         if verbose:
             traceback.print_exc()
@@ -233,6 +272,7 @@ def _expand_tasks(selectors: list[str], world_size: int, mode: str | None, dtype
 
 
 def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from collectors.contention import competing_load, host_load_note
     from pkb_tui.engine.launcher import Launcher
     from pkb_tui.engine.request import RunRequest
     from pkb_tui.store import Store
@@ -246,16 +286,20 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         mode=mode, dtype=dtype, size=args.size,
         trials=args.trials, timeout_s=args.timeout, timing=not args.no_timing, warmup=args.warmup,
         iterations=args.iterations, profile=not args.no_profile, seed=args.seed, speedup_basis=args.speedup_basis,
-        extra=extra,
+        oversubscribe=args.oversubscribe, extra=extra,
     )
-    launcher = Launcher(db)
+    launcher = Launcher(db, runs_dir=args.runs_dir)
     Store(launcher.db_path).close()  # a bad --db fails here, before anything launches
     _terminate_as_interrupt()
     items = launcher.plan(request)
+    for warning in competing_load():
+        print(f"pkb-tui: warning: {warning}.", file=sys.stderr)
+    load_at_start = os.getloadavg()[0]
     progress = _Progress(sys.stderr, len(items), quiet=args.json)
     outcome = launcher.run(request, on_event=progress)
     progress.done()
     with Store(launcher.db_path) as store:
+        store.add_note(outcome.run_ids, host_load_note(load_at_start))
         runs = [_run_summary(store.run(run_id, basis=args.speedup_basis)) for run_id in outcome.run_ids]
     if args.json:
         json.dump({"db": str(launcher.db_path), "runs": runs, "skipped": not_runnable + outcome.skipped}, out, indent=2,
@@ -268,7 +312,19 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         notes = {n for r in runs for n in (r.get("notes") or [])}
         for note in sorted(notes):
             out.write(f"note: {note}\n")
-    return EXIT_OK if outcome.all_passed else EXIT_CANDIDATE_FAILED
+    return batch_exit_code(runs)
+
+
+def batch_exit_code(runs: list[dict[str, Any]]) -> int:
+    """3 when the harness failed a run (its ranks never started), else 0 if every candidate was
+    correct, else 1 (a candidate wrong, raising, crashing or hanging)."""
+    from pkb_tui.engine.logs import RANKS_DID_NOT_START
+
+    if any(r["status"] == "error" and (r.get("status_detail") or "").startswith(RANKS_DID_NOT_START) for r in runs):
+        return EXIT_HARNESS
+    if any(r["status"] in ("interrupted", "cancelled") for r in runs):
+        return EXIT_INTERRUPTED
+    return EXIT_OK if runs and all(r["status"] == "passed" for r in runs) else EXIT_CANDIDATE_FAILED
 
 
 def _terminate_as_interrupt() -> None:
@@ -297,9 +353,8 @@ class _Progress:
 
         if isinstance(event, ev.RunFinished):
             self.finished += 1
-            mark = STATUS_MARKS.get(event.status, "?")
-            detail = f" ({event.detail.splitlines()[0][:120]})" if event.detail else ""
-            self.stream.write(f"[{self.finished}/{self.total}] run {run_id}: {mark} {event.status}{detail}\n")
+            detail = f" ({event.detail.splitlines()[0][:160]})" if event.detail else ""
+            self.stream.write(f"[{self.finished}/{self.total}] run {run_id}: {status_label(event.status)}{detail}\n")
             self.stream.flush()
 
     def done(self) -> None:
@@ -360,7 +415,7 @@ def _print_runs_table(runs: list[dict[str, Any]], out: TextIO) -> None:
         b, c = r.get("baseline") or {}, r.get("candidate") or {}
         trials = f"{c.get('trials_passed') or 0}/{c.get('trials_total') or 0}" if c else "-"
         rows.append((
-            str(r["id"]), r["task"], r["model"], f"{STATUS_MARKS.get(r['status'], '?')} {r['status']}", trials,
+            str(r["id"]), r["task"], r["model"], status_label(r["status"]), trials,
             _num(b.get("median_us")), _num(c.get("median_us")),
             _speedup_text(r.get("speedup"), r.get("speedup_low"), r.get("speedup_high"), r.get("within_noise")),
             "cpu: n/a" if r.get("mode") == "cpu" else
@@ -369,8 +424,8 @@ def _print_runs_table(runs: list[dict[str, Any]], out: TextIO) -> None:
     _print_table(header, rows, out)
     for r in runs:
         if r["status"] not in ("passed",) and r.get("status_detail"):
-            out.write(f"run {r['id']} ({r['task']} / {r['model']}): {r['status_detail'].splitlines()[0][:200]}\n")
-        if c_note := (r.get("candidate") or {}).get("graph_note"):
+            out.write(f"run {r['id']} ({r['task']} / {r['model']}): {r['status_detail'].splitlines()[0][:240]}\n")
+        if (c_note := (r.get("candidate") or {}).get("graph_note")) and r.get("mode") != "cpu":
             out.write(f"run {r['id']} ({r['task']} / {r['model']}): no graph figure: {c_note}\n")
     _cpu_note(runs, out)
     if any(r.get("within_noise") for r in runs):
@@ -387,11 +442,11 @@ def _cpu_note(runs: list[dict[str, Any]], out: TextIO) -> None:
                   "no roofline or bus bandwidth)\n")
 
 
-def _print_table(header: Sequence[str], rows: list[Sequence[str]], out: TextIO) -> None:
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     numeric = {i for i, h in enumerate(header) if h.endswith(("µs", "speedup", "roofline", "run", "calls"))}
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
     out.write(line(header) + "\n")
     for row in rows:
         out.write(line(row) + "\n")
@@ -545,7 +600,7 @@ def cmd_runs(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         out.write("\n")
         return EXIT_OK
     table = [(
-        str(r["id"]), _when(r["created_at"]), r["task_id"], r["model"], f"{STATUS_MARKS.get(r['status'], '?')} {r['status']}",
+        str(r["id"]), _when(r["created_at"]), r["task_id"], r["model"], status_label(r["status"]),
         r["mode"], str(r["world_size"]), _num(r["baseline_median_us"]), _num(r["candidate_median_us"]),
         _speedup_text(r.get("speedup"), r.get("speedup_low"), r.get("speedup_high"), r.get("within_noise")),
     ) for r in rows]
@@ -600,7 +655,7 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
                    "rank_cpu": run["rank_cpu"]}, out, indent=2, default=_json_default)
         out.write("\n")
         return EXIT_OK
-    out.write(f"run {run['id']}: {run['task_id']} / {run['model']}  {STATUS_MARKS.get(run['status'], '?')} {run['status']}\n")
+    out.write(f"run {run['id']}: {run['task_id']} / {run['model']}  {status_label(run['status'])}\n")
     out.write(f"  {run['mode']} mode, world size {run['world_size']}, {run['dtype']}, size {run['size']}, {run['trials']} trials\n")
     if run.get("status_detail"):
         out.write(f"  detail: {run['status_detail']}\n")
@@ -613,15 +668,64 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         err = f"max abs err {trial['max_abs_error']:.3g}" if trial["max_abs_error"] is not None else ""
         out.write(f"  trial {label}: {mark} {err} {trial['message'] or ''}\n")
     if run["kernels"]:
-        rows = [(k["variant"], str(k["rank"]), k["category"], k["name"][:60], str(k["calls"]), _num(k["total_us"]))
-                for k in run["kernels"] if k["rank"] == 0][:12]
-        _print_table(("variant", "rank", "category", "kernel", "calls", "total µs"), rows, out)
+        _print_kernels(run["kernels"], _kernel_limit(args.kernels), out)
     if run["rank_cpu"]:
         out.write("  CPU per rank (mean / peak, 100% = one core): " + ", ".join(
             f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]) + "\n")
     if run.get("log_path"):
         out.write(f"  log: {run['log_path']}\n")
     return EXIT_OK if run["status"] == "passed" else EXIT_CANDIDATE_FAILED
+
+
+def _kernel_limit(value: str) -> int | None:
+    if value == "all":
+        return None
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise PkbError(f"--kernels takes a positive number or 'all' (got {value!r}).")
+    return limit
+
+
+def _print_kernels(kernels: list[dict[str, Any]], limit: int | None, out: TextIO) -> None:
+    """Both variants, every rank: per variant the kernels by total time (over ranks), each row one
+    kernel on one rank, so a rank that does other work than its peers shows."""
+    from collectors.profiler import PROFILE_CALLS
+
+    ranks = sorted({k["rank"] for k in kernels})
+    out.write(f"  kernels: torch.profiler over {PROFILE_CALLS} calls of each variant after timing, on each of "
+              f"{len(ranks)} rank(s); calls and total µs are per rank over those calls\n")
+    for variant in ("baseline", "candidate"):
+        rows_of = [k for k in kernels if k["variant"] == variant]
+        if not rows_of:
+            continue
+        by_name: dict[str, float] = {}
+        for k in rows_of:
+            by_name[k["name"]] = by_name.get(k["name"], 0.0) + (k["total_us"] or 0.0)
+        names = sorted(by_name, key=lambda n: -by_name[n])
+        shown = names if limit is None else names[:limit]
+        rows = [
+            (variant, str(k["rank"]), k["category"], k["name"][:60], str(k["calls"]), _num(k["total_us"]))
+            for name in shown for k in sorted((k for k in rows_of if k["name"] == name), key=lambda k: k["rank"])
+        ]
+        _print_table(("variant", "rank", "category", "kernel", "calls", "total µs"), rows, out)
+        if len(shown) < len(names):
+            out.write(f"  ({len(names) - len(shown)} more {variant} kernel(s): --kernels all shows them)\n")
+
+
+def cmd_rm(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.store import Store
+
+    with Store(db) as store:
+        deleted = store.delete_runs(args.run_ids)
+    missing = sorted(set(args.run_ids) - set(deleted))
+    if deleted:
+        out.write(f"deleted run(s) {', '.join(map(str, deleted))}\n")
+    if missing:
+        raise PkbError(f"There is no run {', '.join(map(str, missing))} in {db or 'runs.db'}; `pkb-tui runs` lists them.")
+    return EXIT_OK
 
 
 def _when(ts: float | None) -> str:
@@ -632,7 +736,7 @@ def cmd_monitor(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from collectors.monitor import monitor_command
     from pkb_tui.store import default_db_path
 
-    return monitor_command(str(db or default_db_path()), args.duration, args.interval, args.json, not args.no_record, out=out)
+    return monitor_command(str(db or default_db_path()), args.duration, args.interval, args.json, args.record, out=out)
 
 
 def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
@@ -644,7 +748,8 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
 
 
 COMMANDS = {
-    "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show, "board": cmd_board,
+    "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show, "rm": cmd_rm,
+    "board": cmd_board,
     "monitor": cmd_monitor, "calibrate": cmd_calibrate,
 }
 

@@ -31,8 +31,8 @@ TASKS = [
 ]
 MODELS = [
     ModelInfo("baseline", 5, 5, "the task's own baseline"),
-    ModelInfo("torch-p2p", 3, 5, "point-to-point rings"),
-    ModelInfo("gpt-x-kernels", 2, 5, ""),
+    ModelInfo("torch-p2p", 3, 5, "point-to-point rings", frozenset({"all_reduce", "all_gather", "reduce_scatter"})),
+    ModelInfo("gpt-x-kernels", 2, 5, "", frozenset({"all_reduce", "tp_gemm_rs"})),
 ]
 
 
@@ -194,7 +194,7 @@ def host_ring(points: int = 40) -> RingBuffer:
 def app_config(db_path: Path, **overrides: Any) -> AppConfig:
     """The config every test uses: fixed clock and catalogue, UTC dates, no live telemetry."""
     fields: dict[str, Any] = dict(
-        db_path=db_path, clock=lambda: FIXED_NOW, utc=True, catalog=fixed_catalog, telemetry=None,
+        db_path=db_path, clock=lambda: FIXED_NOW, utc=True, catalog=fixed_catalog, telemetry=None, contention_check=None,
         runs_dir=db_path.parent / "runs",
     )
     fields.update(overrides)

@@ -46,7 +46,7 @@ async def pick_all_reduce(app: PkbApp, pilot) -> None:
     await pilot.press("slash", *"all_reduce", "enter")  # filter, then Enter goes back to the list
     await pilot.pause()
     table = app.screen.query_one("#tasks", DataTable)
-    assert [table.get_row_at(i)[0].plain.strip() for i in range(table.row_count)] == ["all_reduce"]
+    assert [table.get_row_at(i)[0].plain[2:] for i in range(table.row_count)] == ["all_reduce"]
 
 
 def descendants() -> list[int]:
@@ -173,6 +173,30 @@ def test_quitting_during_a_run_asks_then_stops_it_cleanly(tmp_path):
     with Store(tmp_path / "runs.db") as store:
         assert [r["status"] for r in store.runs()] == ["interrupted"]
     assert not [p for p in descendants() if _is_rank(p)]
+
+
+def test_quit_answered_after_the_batch_ended_quits_and_live_kept_drawing_behind_the_question(tmp_path):
+    app = real_app(tmp_path, trials=1)
+
+    async def body(pilot):
+        await pick_all_reduce(app, pilot)
+        await pilot.press("r")
+        await pilot.pause()
+        await pilot.press("q")  # while the ranks start: the question opens over Live
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and app.batch.busy
+        live = app.screen_stack[-2]
+        assert isinstance(live, LiveScreen)
+        await until(lambda: not app.batch.busy, pilot, what="the batch to end while the question is open")
+        await pilot.pause(0.6)  # Live redraws at 4 Hz
+        assert live._seen_version == app.batch.state.version  # it drew the batch's end behind the dialog
+        assert "Batch finished" in str(live.query_one("#live-head").render())
+        await pilot.press("y")  # nothing left to stop: the app closes at once
+        await until(lambda: not app.is_running, pilot, timeout_s=30, what="the app to close")
+
+    asyncio.run(_drive(app, body))
+    with Store(tmp_path / "runs.db") as store:
+        assert [r["status"] for r in store.runs()] == ["passed"]  # it finished; nothing claims otherwise
 
 
 def test_a_request_the_engine_refuses_is_shown_and_nothing_runs(tmp_path):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
-from textual.widgets import DataTable, Select
+from textual.widgets import DataTable, Input, Select
 
 from pkb_tui.app import PkbApp
 from pkb_tui.app.screens.compare import CompareScreen
@@ -52,7 +52,7 @@ def test_the_app_opens_on_the_tasks_list(seeded):
     async def body(pilot):
         assert isinstance(app.screen, LaunchScreen)
         assert app.focused is app.screen.query_one("#tasks", DataTable)
-        tasks = [row[0].strip() for row in table_rows(app.screen.query_one("#tasks", DataTable))]
+        tasks = [row[0][2:] for row in table_rows(app.screen.query_one("#tasks", DataTable))]
         assert tasks == ["all_reduce", "all_gather", "reduce_scatter", "tp_gemm_rs", "ring_attention"]
         # The last result of each task comes from the database, with its mark.
         text = screen_text(app)
@@ -69,12 +69,12 @@ def test_launch_filters_tasks_by_text_and_family(seeded):
         table = app.screen.query_one("#tasks", DataTable)
         await pilot.press("slash", *"ring")
         await pilot.pause()
-        assert [r[0].strip() for r in table_rows(table)] == ["ring_attention"]
+        assert [r[0][2:] for r in table_rows(table)] == ["ring_attention"]
         # Back to the table, then "/" again selects the filter's text: backspace clears it.
         await pilot.press("escape", "slash", "backspace", "escape", "f")
         await pilot.pause()
         assert app.screen.query_one("#family", Select).value == "collective"
-        assert [r[0].strip() for r in table_rows(table)] == ["all_reduce", "all_gather", "reduce_scatter"]
+        assert [r[0][2:] for r in table_rows(table)] == ["all_reduce", "all_gather", "reduce_scatter"]
 
     drive(app, body)
 
@@ -377,8 +377,9 @@ def test_help_lists_every_key_of_every_screen(seeded):
         await pilot.press("question_mark")
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
-        from pkb_tui.app.screens.help import key_table
         from rich.console import Console
+
+        from pkb_tui.app.screens.help import key_table
 
         console = Console(width=100, record=True, file=open("/dev/null", "w"))
         console.print(key_table())
@@ -451,3 +452,183 @@ def test_typing_q_in_a_filter_types_it(seeded):
         assert app.screen.query_one("#task-filter").value == "q"
 
     drive(app, body)
+
+
+def test_marking_is_explicit_and_enter_never_launches(seeded):
+    app = PkbApp(config=app_config(seeded[0], defaults={"models": ["torch-p2p", "gpt-x-kernels"]}))
+
+    async def body(pilot):
+        table = app.screen.query_one("#tasks", DataTable)
+        await pilot.press("space")
+        await pilot.pause()
+        assert table.cursor_row == 0  # marking does not move
+        cell = table.get_row_at(0)[0]
+        assert cell.plain.startswith("☒ all_reduce")  # a box, not only a colour
+        assert table.get_row_at(1)[0].plain.startswith("☐ ")
+        await pilot.press("down", "space", "down", "space", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, LaunchScreen) and not app.batch.busy and not app.batch.pending
+        # 3 tasks x 2 models, of which gpt-x-kernels has only all_reduce: 4 runs, 2 pairs left out.
+        summary = str(app.screen.query_one("#launch-summary").render())
+        assert "3 marked tasks × 2 models = 4 runs" in summary, summary
+        assert "2 pairs without a solution left out" in summary
+        assert app.screen.planned_runs() == (4, 2)
+
+    drive(app, body, size=(120, 40))
+
+
+def test_the_filter_matches_ids_and_families_and_descriptions_only_when_asked(seeded):
+    app = PkbApp(config=app_config(seeded[0]))
+
+    async def body(pilot):
+        table = app.screen.query_one("#tasks", DataTable)
+        await pilot.press("slash", *"fsdp")  # in all_gather's and reduce_scatter's sources only
+        await pilot.pause()
+        assert table.row_count == 0
+        box = app.screen.query_one("#task-filter", Input)
+        box.value = ""
+        await pilot.press("question_mark", *"fsdp")
+        await pilot.pause()
+        assert [r[0][2:] for r in table_rows(table)] == ["all_gather", "reduce_scatter"]
+        box.value = ""
+        await pilot.press(*"context")  # a family
+        await pilot.pause()
+        assert [r[0][2:] for r in table_rows(table)] == ["ring_attention"]
+
+    drive(app, body)
+
+
+def test_launch_options_and_marks_outlive_the_session(seeded):
+    from pkb_tui.app import preset
+    from pkb_tui.engine.request import RunRequest
+
+    db = seeded[0]
+    first = PkbApp(config=app_config(db))
+
+    async def mark_and_save(pilot):
+        await pilot.press("down", "space")
+        await pilot.pause()
+        request = RunRequest(tasks=["all_gather"], models=["gpt-x-kernels"], world_size=4, mode="cpu",
+                             dtype="bfloat16", trials=7)
+        first.screen.save_preset(request)  # what a launch saves
+
+    drive(first, mark_and_save)
+    assert preset.load(db)["marked"] == ["all_gather"]
+    second = PkbApp(config=app_config(db))
+
+    async def check(pilot):
+        screen = second.screen
+        assert screen.marked == {"all_gather"}
+        assert screen.query_one("#world-size", Select).value == 4
+        assert screen.query_one("#dtype", Select).value == "bfloat16"
+        assert screen.chosen_models() == ["gpt-x-kernels"]
+        assert "☒ all_gather" in screen_text(second)
+
+    drive(second, check)
+
+
+def test_a_run_is_deleted_from_history_after_asking(seeded):
+    from pkb_tui.app.screens.confirm import ConfirmScreen
+    from pkb_tui.store import Store
+
+    db, ids = seeded
+    app = PkbApp(config=app_config(db))
+
+    async def body(pilot):
+        await pilot.press("h")
+        await pilot.pause()
+        newest = max(ids)
+        await pilot.press("d")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and f"#{newest}" in screen_text(app)
+        await pilot.press("n")
+        await pilot.pause()
+        assert newest in [r["id"] for r in app.store.runs()]
+        await pilot.press("d", "y")
+        await pilot.pause()
+        assert isinstance(app.screen, HistoryScreen)
+        rows = table_rows(app.screen.query_one("#runs", RowList))
+        assert newest not in [int(r[1]) for r in rows] and len(rows) == len(ids) - 1
+
+    drive(app, body)
+    with Store(db) as store:
+        assert newest_gone(store, max(ids))
+
+
+def newest_gone(store, run_id: int) -> bool:
+    return run_id not in [r["id"] for r in store.runs(limit=None)]
+
+
+@pytest.mark.parametrize("screen_key", ["l", "v", "h", "m"])
+def test_quit_and_help_stay_in_the_key_bar_at_80_columns(seeded, screen_key):
+    from pkb_tui.app.widgets.keybar import KeyBar
+
+    app = PkbApp(config=app_config(seeded[0]))
+
+    async def body(pilot):
+        await pilot.press(screen_key)
+        await pilot.pause()
+        bar = app.screen.query_one(KeyBar).render().plain
+        assert bar.rstrip().endswith("Quit") and " ? " in bar, bar
+
+    drive(app, body)
+
+
+def test_the_command_palette_offers_the_main_actions(seeded):
+    from textual.command import CommandPalette
+
+    app = PkbApp(config=app_config(seeded[0]))
+
+    async def body(pilot):
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for title in ("Show Launch", "Show Live", "Show History", "Show Monitor", "Run the batch", "Help", "Quit"):
+            assert title in titles
+        await pilot.press("h")
+        await pilot.pause()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Delete runs" in titles and "Run the batch" not in titles
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette)
+
+    drive(app, body)
+
+
+def test_help_sizes_its_key_column_to_the_widest_key(seeded):
+    from pkb_tui.app.screens.help import key_table
+
+    table = key_table()
+    keys = [cell for cell in table.columns[0]._cells if isinstance(cell, str)]  # titles are Text
+    assert "↑ ↓ pgup pgdn" in keys and "esc, backspace" in keys
+    assert table.columns[0].width == max(len(key) for key in keys)
+
+
+def test_ticked_and_unticked_boxes_differ_by_more_than_colour(seeded):
+    app = PkbApp(config=app_config(seeded[0], defaults={"models": ["torch-p2p"]}))
+
+    async def body(pilot):
+        text = screen_text(app)
+        assert "▐X▌ torch-p2p" in text and "▐ ▌ baseline" in text
+        assert "▐X▌ timing" in text and "▐ ▌ oversubscribe" in text
+        await pilot.press("o")  # options: tab to the oversubscribe box and tick it
+        app.screen.query_one("#oversubscribe").value = True
+        await pilot.pause()
+        assert "▐X▌ oversubscribe" in screen_text(app)
+        assert app.screen.request().oversubscribe
+
+    drive(app, body)
+
+
+def test_a_database_damaged_past_its_header_closes_the_app_with_one_sentence(tmp_path):
+    from tests.test_store import _damaged_database
+
+    db = _damaged_database(tmp_path)
+    app = PkbApp(config=app_config(db))
+
+    async def main() -> None:
+        # Launch's "last" column reads the damaged pages as the app opens (before a pilot could
+        # take over): the app must close by itself.
+        await asyncio.wait_for(app.run_async(headless=True, size=(80, 24)), timeout=120)
+
+    asyncio.run(main())
+    assert app.return_code == 3 and app._exception is None  # closed with the sentence, no traceback

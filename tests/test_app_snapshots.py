@@ -13,6 +13,12 @@ from pkb_tui.store import Store
 from tests.app_fixtures import FakeTelemetry, app_config, gpu_ring, host_ring, seed_runs
 
 
+@pytest.fixture(params=[(80, 24), (200, 50)], ids=["80x24", "200x50"])
+def size(request) -> tuple[int, int]:
+    """Every screen at the smallest terminal it must fit (80x24) and at a wide one (columns widen)."""
+    return request.param
+
+
 @pytest.fixture
 def app_factory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # log paths below are relative: the same text on every machine
@@ -32,31 +38,27 @@ async def settle(pilot) -> None:
     await pilot.pause(0.3)
 
 
-def test_launch_screen(app_factory, snap_compare):
+def test_launch_screen(app_factory, snap_compare, size):
     async def marked(pilot):
         await settle(pilot)
-        await pilot.press("space", "down")  # mark all_reduce, highlight reduce_scatter
+        await pilot.press("space", "down")  # mark all_reduce (the cursor stays), then highlight all_gather
 
-    assert snap_compare(app_factory(), run_before=marked)
-
-
-def test_history_screen(app_factory, snap_compare):
-    assert snap_compare(app_factory(), press=["h"], run_before=settle)
+    assert snap_compare(app_factory(), run_before=marked, terminal_size=size)
 
 
-def test_history_screen_wide(app_factory, snap_compare):
-    assert snap_compare(app_factory(), press=["h"], run_before=settle, terminal_size=(200, 50))
+def test_history_screen(app_factory, snap_compare, size):
+    assert snap_compare(app_factory(), press=["h"], run_before=settle, terminal_size=size)
 
 
-def test_history_filters_picker(app_factory, snap_compare):
-    assert snap_compare(app_factory(), press=["h", "f"], run_before=settle)
+def test_history_filters_picker(app_factory, snap_compare, size):
+    assert snap_compare(app_factory(), press=["h", "f"], run_before=settle, terminal_size=size)
 
 
-def test_leaderboard(app_factory, snap_compare):
-    assert snap_compare(app_factory(), press=["h", "b"], run_before=settle)
+def test_leaderboard(app_factory, snap_compare, size):
+    assert snap_compare(app_factory(), press=["h", "b"], run_before=settle, terminal_size=size)
 
 
-def test_result_screen(app_factory, snap_compare):
+def test_result_screen(app_factory, snap_compare, size):
     app = app_factory()
 
     async def open_run(pilot):
@@ -64,10 +66,10 @@ def test_result_screen(app_factory, snap_compare):
         app.open_result(app.run_ids[2])
         await pilot.pause(0.3)
 
-    assert snap_compare(app, run_before=open_run)
+    assert snap_compare(app, run_before=open_run, terminal_size=size)
 
 
-def test_result_screen_with_chart(app_factory, snap_compare):
+def test_result_screen_with_chart(app_factory, snap_compare, size):
     app = app_factory()
 
     async def open_run(pilot):
@@ -77,10 +79,10 @@ def test_result_screen_with_chart(app_factory, snap_compare):
         await pilot.press("end")
         await pilot.pause(0.3)
 
-    assert snap_compare(app, run_before=open_run, terminal_size=(120, 50))
+    assert snap_compare(app, run_before=open_run, terminal_size=size)
 
 
-def test_result_of_a_run_that_errored(app_factory, snap_compare):
+def test_result_of_a_run_that_errored(app_factory, snap_compare, size):
     app = app_factory()
 
     async def open_run(pilot):
@@ -88,10 +90,10 @@ def test_result_of_a_run_that_errored(app_factory, snap_compare):
         app.open_result(app.run_ids[5])
         await pilot.pause(0.3)
 
-    assert snap_compare(app, run_before=open_run)
+    assert snap_compare(app, run_before=open_run, terminal_size=size)
 
 
-def test_compare_screen(app_factory, snap_compare):
+def test_compare_screen(app_factory, snap_compare, size):
     app = app_factory()
 
     async def compare(pilot):
@@ -99,7 +101,7 @@ def test_compare_screen(app_factory, snap_compare):
         app.open_compare(app.run_ids[1], app.run_ids[4])  # all_reduce: torch-p2p vs gpt-x-kernels
         await pilot.pause(0.3)
 
-    assert snap_compare(app, run_before=compare)
+    assert snap_compare(app, run_before=compare, terminal_size=size)
 
 
 def live_state(run_id: int) -> LiveState:
@@ -123,7 +125,7 @@ def live_state(run_id: int) -> LiveState:
     return state
 
 
-def test_live_screen(app_factory, snap_compare):
+def test_live_screen(app_factory, snap_compare, size):
     app = app_factory()
 
     async def running(pilot):
@@ -141,25 +143,10 @@ def test_live_screen(app_factory, snap_compare):
         await pilot.press("v")
         await pilot.pause(0.6)
 
-    assert snap_compare(app, run_before=running)
+    assert snap_compare(app, run_before=running, terminal_size=size)
 
 
-def test_live_screen_wide(app_factory, snap_compare):
-    app = app_factory()
-
-    async def running(pilot):
-        await settle(pilot)
-        app.batch.state = live_state(app.run_ids[2])
-        app.batch.busy = True
-        app._update_summary()
-        app.batch.telemetry_override = FakeTelemetry(gpu_ring(gpus=8, links=18))
-        await pilot.press("v")
-        await pilot.pause(0.6)
-
-    assert snap_compare(app, run_before=running, terminal_size=(200, 50))
-
-
-def test_live_screen_before_any_run_on_a_cpu_box(app_factory, snap_compare):
+def test_live_screen_before_any_run_on_a_cpu_box(app_factory, snap_compare, size):
     app = app_factory()
 
     async def idle(pilot):
@@ -168,10 +155,10 @@ def test_live_screen_before_any_run_on_a_cpu_box(app_factory, snap_compare):
         await pilot.press("v")
         await pilot.pause(0.6)
 
-    assert snap_compare(app, run_before=idle)
+    assert snap_compare(app, run_before=idle, terminal_size=size)
 
 
-def test_monitor_screen(app_factory, snap_compare):
+def test_monitor_screen(app_factory, snap_compare, size):
     app = app_factory(telemetry=lambda db: FakeTelemetry(gpu_ring(gpus=8, links=18)))
 
     async def shown(pilot):
@@ -180,14 +167,14 @@ def test_monitor_screen(app_factory, snap_compare):
         await settle(pilot)
         await pilot.pause(0.3)
 
-    assert snap_compare(app, run_before=shown)
+    assert snap_compare(app, run_before=shown, terminal_size=size)
 
 
-def test_help_screen(app_factory, snap_compare):
-    assert snap_compare(app_factory(), press=["question_mark"], run_before=settle)
+def test_help_screen(app_factory, snap_compare, size):
+    assert snap_compare(app_factory(), press=["question_mark"], run_before=settle, terminal_size=size)
 
 
-def test_quit_question_during_a_run(app_factory, snap_compare):
+def test_quit_question_during_a_run(app_factory, snap_compare, size):
     app = app_factory()
 
     async def asked(pilot):
@@ -197,4 +184,4 @@ def test_quit_question_during_a_run(app_factory, snap_compare):
         await pilot.pause(0.3)
         app.batch.busy = False
 
-    assert snap_compare(app, run_before=asked)
+    assert snap_compare(app, run_before=asked, terminal_size=size)

@@ -69,11 +69,11 @@ def test_live_state_follows_a_run_through_its_events():
     state.apply(ev.RunFinished(item=0, status="failed", detail="trial 2 wrong"), 7)
     assert state.runs[0].status == "failed" and not state.timings_representative
     assert state.errors[0].message == "boom" and state.version > version
-    # Cancelled while the second run waited: it ends interrupted, the first keeps its status.
+    # Cancelled while the second run waited: never started, it ends cancelled (not interrupted).
     state.finish(status="interrupted", finished_at=130.0)
     assert not state.running
-    assert [r.status for r in state.runs] == ["failed", "interrupted"]
-    assert state.counts() == {"failed": 1, "interrupted": 1}
+    assert [r.status for r in state.runs] == ["failed", "cancelled"]
+    assert state.counts() == {"failed": 1, "cancelled": 1}
 
 
 def test_telemetry_rows_for_8_gpus_and_18_links_fit_the_width():

@@ -20,6 +20,7 @@ HONEST = Path(__file__).resolve().parents[1] / "solutions" / "torch-p2p"
 # attack -> the verdict it must get
 WRONG_ANSWERS = {
     "patch-judge": "failed",          # rebinds compare/allclose in its own process, returns zeros
+                                      # (or breaks its own runner doing so: "error"; never a pass)
     "gc-scavenge": "failed",          # looks for the expected output through gc and frames
     "seed-rebuild": "failed",         # rebuilds peers' inputs from a public seed
     "memo-address": "failed",         # remembers answers per input address
@@ -41,7 +42,8 @@ def test_attacks_get_honest_verdicts_and_an_honest_model_after_them_keeps_its_ow
                  "--trials", "2", "--iterations", "12", "--warmup", "2", "--timeout", "120", "--json")
     runs = {r["model"]: r for r in result.json()["runs"]}
     for attack, verdict in WRONG_ANSWERS.items():
-        assert runs[attack]["status"] == verdict, (attack, runs[attack])
+        allowed = {verdict, "error"} if attack == "patch-judge" else {verdict}
+        assert runs[attack]["status"] in allowed, (attack, runs[attack])
     for attack in RIGHT_ANSWERS:
         run = runs[attack]
         assert run["status"] == "passed", (attack, run)

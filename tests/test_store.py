@@ -105,3 +105,80 @@ def test_history_filters_and_sorts(tmp_path: Path) -> None:
         assert [r["task_id"] for r in store.runs(status="failed")] == ["t2"]
         with pytest.raises(PkbError, match="Cannot sort runs by"):
             store.runs(order_by="nonsense")
+
+
+def test_runs_left_queued_by_a_dead_launcher_are_cancelled_not_interrupted(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with Store(tmp_path / "runs.db") as store:
+        started = _run(store, "all_reduce", "m", "running", None, False, launcher_pid=dead.pid)
+        never = _run(store, "broadcast", "m", "queued", None, False, launcher_pid=dead.pid)
+    with Store(tmp_path / "runs.db") as store:
+        assert store.run(started)["status"] == "interrupted"
+        assert store.run(never)["status"] == "cancelled"
+        assert "before the run started" in store.run(never)["status_detail"]
+        assert store.runs(status="cancelled")[0]["id"] == never
+
+
+def test_the_last_result_and_the_leaderboard_skip_runs_that_did_not_finish(tmp_path: Path) -> None:
+    with Store(tmp_path / "runs.db") as store:
+        finished = _run(store, "all_reduce", "m", "passed", 2.0, True)
+        _run(store, "all_reduce", "m", "interrupted", None, False)
+        _run(store, "all_reduce", "m", "cancelled", None, False)
+        assert store.latest_run_per_task()["all_reduce"]["id"] == finished
+        board = {e["model"]: e for e in store.leaderboard()}
+        assert board["m"]["correct"] == 1 and board["m"]["geomean_speedup"] == pytest.approx(2.0)
+
+
+def test_deleting_runs_takes_their_results_trials_kernels_and_samples(tmp_path: Path) -> None:
+    with Store(tmp_path / "runs.db") as store:
+        gone = _run(store, "all_reduce", "m", "failed", None, False)
+        kept = _run(store, "all_reduce", "m", "passed", 1.5, True)
+        for run_id in (gone, kept):
+            store.add_trials(run_id, [{"trial": 0, "correct": True}])
+            store.add_kernels(run_id, [{"variant": "baseline", "rank": 0, "name": "k", "category": "compute",
+                                        "calls": 1, "total_us": 1.0, "mean_us": 1.0}])
+            store.conn.execute("INSERT INTO samples (ts, gpu, run_id, power_w) VALUES (1.0, 0, ?, 1.0)", (run_id,))
+        store.conn.execute("INSERT INTO samples (ts, gpu, run_id, power_w) VALUES (1.0, 0, NULL, 1.0)")  # monitor
+        assert store.delete_runs([gone, 999]) == [gone]
+        with pytest.raises(PkbError, match="no run"):
+            store.run(gone)
+        for table in ("results", "trials", "kernels", "samples"):
+            assert store.conn.execute(f"SELECT COUNT(*) FROM {table} WHERE run_id = ?", (gone,)).fetchone()[0] == 0
+            assert store.conn.execute(f"SELECT COUNT(*) FROM {table} WHERE run_id = ?", (kept,)).fetchone()[0] >= 1
+        assert store.conn.execute("SELECT COUNT(*) FROM samples WHERE run_id IS NULL").fetchone()[0] == 1
+
+
+def test_a_run_still_going_cannot_be_deleted(tmp_path: Path) -> None:
+    with Store(tmp_path / "runs.db") as store:
+        running = _run(store, "all_reduce", "m", "running", None, False)
+        with pytest.raises(PkbError, match="still queued or running"):
+            store.delete_runs([running])
+        assert store.run(running)["status"] == "running"
+
+
+def test_a_database_damaged_past_its_header_is_one_sentence(tmp_path: Path) -> None:
+    db = _damaged_database(tmp_path)
+    with pytest.raises(PkbError, match="is damaged") as caught:
+        with Store(db) as store:
+            store.runs(limit=None)
+    assert caught.value.exit_code == 3
+
+
+def _damaged_database(tmp_path: Path) -> Path:
+    """A database whose header (page 1, the schema) is intact and whose tables' pages are not."""
+    db = tmp_path / "runs.db"
+    with Store(db) as store:
+        for i in range(200):
+            _run(store, f"task_{i}", "m", "passed", 1.0, True)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("PRAGMA journal_mode = DELETE")
+    page_bytes = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    data = bytearray(db.read_bytes())
+    # The schema fills the first pages; the runs' rows come last: damage the second half.
+    start = (len(data) // page_bytes // 2) * page_bytes
+    data[start:] = bytes((i * 7 + 13) % 251 for i in range(len(data) - start))
+    db.write_bytes(bytes(data))
+    return db

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from pkb_tui.app.config import AppConfig
 
 
-def run_app(db_path: Path) -> int:
+def run_app(db_path: Path, runs_dir: Path | None = None) -> int:
     """Open the dashboard on db_path (created if missing). Returns the process exit code."""
     from pkb_tui.errors import PkbError
 
@@ -28,7 +28,9 @@ def run_app(db_path: Path) -> int:
     if problem:
         print(problem, file=sys.stderr)
     try:
-        app = PkbApp(Path(db_path))
+        from pkb_tui.app.config import AppConfig
+
+        app = PkbApp(config=AppConfig(db_path=Path(db_path), runs_dir=runs_dir))
     except PkbError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code

@@ -4,11 +4,12 @@ state while another is shown; Result, Compare, Help and the quit question are pu
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from textual import on
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -19,20 +20,17 @@ from pkb_tui.app.catalog import Catalog
 from pkb_tui.app.config import AppConfig
 from pkb_tui.app.format import status_mark
 from pkb_tui.app.live_state import LiveState
-from pkb_tui.app.messages import BatchBegan, BatchEnded, EngineEvent, OpenRun, QueueIdle
+from pkb_tui.app.messages import BatchBegan, BatchEnded, EngineEvent, QueueIdle
 from pkb_tui.engine.request import RunRequest
 from pkb_tui.errors import PkbError
 from pkb_tui.store import Store
 
 log = logging.getLogger("pkb_tui.app")
 
-SCREEN_NAMES = {"launch": "Launch", "live": "Live", "history": "History", "monitor": "Monitor"}
-
-
 class PkbApp(App[int]):
     TITLE = "pkb-tui"
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))  # absolute: subclasses (tests) find it too
-    ENABLE_COMMAND_PALETTE = False
+    ENABLE_COMMAND_PALETTE = True  # ctrl+p: the main actions by name (get_system_commands)
 
     BINDINGS = [
         Binding("l", "show('launch')", "Launch", show=False),
@@ -106,7 +104,7 @@ class PkbApp(App[int]):
         thrown away and redone: History's first open drew its whole screen twice, and any mode
         showed 50 ms late. The timer stays as a backstop, longer than Textual's so a slow first
         build is not drawn half done; it repaints everything as Textual's does. Called from
-        anywhere else (the command palette, which we switch off), Textual's own is kept."""
+        anywhere else (the command palette, say), Textual's own is kept."""
         if not self._switching_mode:
             super().delay_update(delay)
             return
@@ -140,6 +138,28 @@ class PkbApp(App[int]):
                 end(True)
         return await_mount
 
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette (ctrl+p): the main actions by name, then Textual's own."""
+        for mode, what in (("launch", "pick tasks and models, set options, run"),
+                           ("live", "the batch in progress"), ("history", "every run, compare, leaderboard"),
+                           ("monitor", "live GPU telemetry with no run")):
+            yield SystemCommand(f"Show {mode.title()}", f"Open the {mode.title()} screen: {what}",
+                                lambda mode=mode: self.action_show(mode))
+        screen_actions = (("launch", "Run the batch", "Launch the marked tasks x the chosen models"),
+                          ("cancel", "Cancel the run", "Stop the run in progress (queued ones are cancelled)"),
+                          ("delete", "Delete runs", "Delete the marked or highlighted runs"),
+                          ("compare", "Compare two runs", "Side by side: mark two runs first"),
+                          ("toggle_board", "Leaderboard", "Per model: correct, fast_1, fast_1.5, geomean"))
+        for action, title, help_text in screen_actions:
+            if hasattr(screen, f"action_{action}"):
+                yield SystemCommand(title, help_text, lambda action=action: self.call_later(screen.run_action, action))
+        yield SystemCommand("Help", "Every key of this screen", self.action_help)
+        yield SystemCommand("Quit", "Close the dashboard (asks first while a run is in progress)",
+                            lambda: self.call_later(self.action_quit))
+        for command in super().get_system_commands(screen):
+            if command.title != "Quit":
+                yield command
+
     def action_show(self, mode: str) -> None:
         if self.current_mode != mode:
             self.switch_mode(mode)
@@ -164,10 +184,6 @@ class PkbApp(App[int]):
 
         self.show(CompareScreen(run_a, run_b))
 
-    @on(OpenRun)
-    def _open_run(self, message: OpenRun) -> None:
-        self.open_result(message.run_id)
-
     # ------------------------------------------------------------------ batches
     def launch(self, request: RunRequest) -> bool:
         """Queue a batch; False (and the reason shown) when the request cannot run."""
@@ -179,6 +195,11 @@ class PkbApp(App[int]):
         ahead = len(self.batch.pending) - 1 + (1 if self.batch.state.running else 0)
         where = f" (queued behind {ahead} batch(es))" if ahead > 0 else ""
         self.notify(f"{planned} run(s) launched{where}.", title="Launch")
+        if ahead <= 0 and self.config.contention_check is not None:
+            warnings = self.config.contention_check()
+            if warnings:
+                self.notify("; ".join(warnings) + ". Timings will suffer.", title="Something else is running",
+                            severity="warning", timeout=15)
         self._update_summary()
         self.switch_mode("live")
         return True
@@ -243,6 +264,13 @@ class PkbApp(App[int]):
         else:
             self.batch_summary = "idle"
 
+    def delete_runs(self, run_ids: list[int]) -> list[int]:
+        """Delete runs (the app's store only reads; a short-lived writer does it). Raises PkbError."""
+        with Store(self.config.db_path, recover=False) as store:
+            deleted = store.delete_runs(run_ids)
+        self.refresh_history()
+        return deleted
+
     def refresh_history(self) -> None:
         """Screens that list runs reload when shown; the one on view now reloads at once."""
         reload = getattr(self.screen, "reload", None)
@@ -260,17 +288,30 @@ class PkbApp(App[int]):
             return  # already asking
 
         def answered(stop: bool | None) -> None:
-            if stop:
-                self._quit_when_idle = True
-                self.batch.cancel()
-                self._update_summary()
-                self.notify("Stopping the run; the app closes when its ranks are down.", title="Quitting")
+            if not stop:
+                return
+            if not self.batch.busy:  # the batch ended while the question was open: nothing to stop
+                self.exit(0)
+                return
+            self._quit_when_idle = True
+            self.batch.cancel()
+            self._update_summary()
+            self.notify("Stopping the run; the app closes when its ranks are down.", title="Quitting")
 
         self.show(
-            ConfirmScreen("A run is in progress. Stop it (it is recorded as interrupted) and quit?",
-                          yes="Stop and quit", no="Keep running"),
+            ConfirmScreen("A run is in progress. Stop it and quit? The run in progress is recorded as "
+                          "interrupted, runs not started yet as cancelled.", yes="Stop and quit", no="Keep running"),
             answered,
         )
+
+    def _handle_exception(self, error: Exception) -> None:
+        # An error the user can act on (a database damaged past its header shows only when a
+        # screen reads a damaged page) closes the app with its one sentence, not a traceback.
+        if isinstance(error, PkbError):
+            log.error("closing on: %s", error)
+            self.exit(return_code=error.exit_code, message=f"pkb-tui: {error}")
+            return
+        super()._handle_exception(error)
 
     def on_unmount(self) -> None:
         self.store.close()

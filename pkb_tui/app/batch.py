@@ -9,6 +9,7 @@ records the run as interrupted; batches still queued are dropped.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import traceback
 from collections import deque
@@ -25,8 +26,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("pkb_tui.app")
 
 
+def _note_host_load(db_path: Any, run_ids: list[int], load_at_start: float) -> None:
+    from collectors.contention import host_load_note
+    from pkb_tui.store import Store
+
+    if not run_ids:
+        return
+    with Store(db_path, recover=False) as store:
+        store.add_note(run_ids, host_load_note(load_at_start))
+
+
 class BatchQueue:
-    def __init__(self, app: "PkbApp") -> None:
+    def __init__(self, app: PkbApp) -> None:
         self.app = app
         self.pending: deque[RunRequest] = deque()
         self.cancel_event = threading.Event()
@@ -73,10 +84,12 @@ class BatchQueue:
                 try:
                     items = launcher.plan(request)
                     app.post_message(BatchBegan([(i.task, i.model) for i in items], request))
+                    load_at_start = os.getloadavg()[0]
                     outcome = launcher.run(
                         request, on_event=lambda event, run_id: app.post_message(EngineEvent(event, run_id)),
                         cancel=self.cancel_event,
                     )
+                    _note_host_load(app.config.db_path, outcome.run_ids, load_at_start)
                 except PkbError as exc:
                     app.post_message(BatchEnded({}, status="error", failure=str(exc)))
                     continue
@@ -86,7 +99,7 @@ class BatchQueue:
                     continue
                 finally:
                     self.launcher = None
-                status = "interrupted" if self.cancel_event.is_set() else "finished"
+                status = "interrupted" if self.cancel_event.is_set() else "finished"  # the batch's, not a run's
                 app.post_message(BatchEnded(dict(outcome.statuses), status=status))
         finally:
             # A message, not call_from_thread: it must arrive after the BatchEnded posted above.

@@ -34,6 +34,10 @@ class ModelInfo:
     covered: int  # tasks of the catalogue this set has a solution for
     total: int
     notes: str = ""
+    task_ids: frozenset[str] | None = None  # the tasks it has a solution for; None: every task
+
+    def covers(self, task_id: str) -> bool:
+        return self.task_ids is None or task_id in self.task_ids
 
 
 @dataclass
@@ -78,7 +82,9 @@ def load_catalog() -> Catalog:
             notes = str(model.manifest.get("notes") or model.manifest.get("provider") or "")
             if model.manifest.get("format") == "pkb":  # a PKB generator folder: provider · model slug
                 notes = " · ".join(str(model.manifest[k]) for k in ("provider", "model", "backend") if model.manifest.get(k))
-            catalog.models.append(ModelInfo(model.name, len(model.covers(ids)), len(ids), notes))
+            covered = model.covers(ids)
+            catalog.models.append(ModelInfo(model.name, len(covered), len(ids), notes,
+                                            None if model.is_baseline else frozenset(covered)))
     except PkbError as exc:
         catalog.problem = (catalog.problem + " " if catalog.problem else "") + str(exc)
     return catalog

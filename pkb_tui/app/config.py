@@ -4,9 +4,10 @@ the clock, the task/model catalogue, live telemetry and the launcher."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pkb_tui.app.catalog import Catalog, load_catalog
 
@@ -24,6 +25,12 @@ def _default_launcher(db_path: Path, runs_dir: Path | None) -> Any:
     return Launcher(db_path, runs_dir=runs_dir)
 
 
+def _default_contention_check() -> list[str]:
+    from collectors.contention import competing_load
+
+    return competing_load()
+
+
 @dataclass
 class AppConfig:
     db_path: Path
@@ -39,3 +46,5 @@ class AppConfig:
     history_page: int = 100  # runs loaded at a time in History (more as the cursor nears the end)
     defaults: dict[str, Any] = field(default_factory=dict)  # launch options preset (world_size, mode, ...)
     speedup_basis: str = "eager"  # which timing speedups and the leaderboard use: eager or graph (History: e)
+    # What else runs on the box before a batch starts (sentences); None: no check (tests, snapshots).
+    contention_check: Callable[[], list[str]] | None = _default_contention_check

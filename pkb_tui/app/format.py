@@ -9,35 +9,20 @@ from __future__ import annotations
 import math
 import time
 
+from pkb_tui.store.statuses import STATUS_MARKS, status_label, status_mark  # noqa: F401  (re-exported)
+
 NA = "n/a"
 
-STATUS_MARKS = {
-    "passed": "✓",
-    "failed": "✗",
-    "error": "‼",
-    "timeout": "⏱",
-    "interrupted": "⊘",
-    "running": "▶",
-    "queued": "…",
-}
 STATUS_STYLES = {
     "passed": "green",
     "failed": "red",
     "error": "red",
     "timeout": "yellow",
     "interrupted": "yellow",
+    "cancelled": "dim",
     "running": "cyan",
     "queued": "dim",
 }
-
-
-def status_mark(status: str | None) -> str:
-    return STATUS_MARKS.get(status or "", "?")
-
-
-def status_label(status: str | None) -> str:
-    """Mark and word, e.g. '✓ passed'."""
-    return f"{status_mark(status)} {status or 'unknown'}"
 
 
 def correct_mark(correct: int | bool | None) -> str:

@@ -52,7 +52,7 @@ class LiveState:
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def for_batch(cls, items: list[tuple[str, str]], *, world_size: int, mode: str | None, dtype: str,
-                  size: str, started_at: float) -> "LiveState":
+                  size: str, started_at: float) -> LiveState:
         return cls(
             runs=[RunLine(index, task, model) for index, (task, model) in enumerate(items)],
             world_size=world_size, mode=mode, dtype=dtype, size=size, started_at=started_at,
@@ -89,8 +89,9 @@ class LiveState:
         for line in self.runs:
             if statuses and line.run_id in statuses:
                 line.status = statuses[line.run_id]
-            elif line.status in ("queued", "running"):
-                line.status = "interrupted" if status in ("interrupted", "error") else line.status
+            elif line.status in ("queued", "running") and status in ("interrupted", "error"):
+                # Started and stopped: interrupted; never reached: cancelled (no partial result).
+                line.status = "interrupted" if line.status == "running" else "cancelled"
         self.batch_status = status
         self.finished_at = finished_at
         self.failure = failure

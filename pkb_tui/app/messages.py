@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual.message import Message
 
 from pkb_tui.engine.events import Event
+from pkb_tui.engine.request import RunRequest
 
 
 class EngineEvent(Message):
@@ -20,7 +21,7 @@ class EngineEvent(Message):
 class BatchBegan(Message):
     """The batch thread took a request off the queue and the launcher is starting its ranks."""
 
-    def __init__(self, items: list[tuple[str, str]], request: object) -> None:
+    def __init__(self, items: list[tuple[str, str]], request: RunRequest) -> None:
         super().__init__()
         self.items = items
         self.request = request
@@ -34,14 +35,6 @@ class BatchEnded(Message):
         self.statuses = statuses
         self.status = status
         self.failure = failure
-
-
-class OpenRun(Message):
-    """Show one run's result."""
-
-    def __init__(self, run_id: int) -> None:
-        super().__init__()
-        self.run_id = run_id
 
 
 class QueueIdle(Message):

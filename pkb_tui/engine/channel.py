@@ -72,8 +72,20 @@ def _read_exact(fd: int, count: int, deadline: float | None) -> bytes:
     return b"".join(chunks)
 
 
-def receive(fd: int, deadline: float | None = None) -> dict[str, Any]:
-    """One message; ChannelError on a closed pipe, a deadline passed, or anything malformed."""
+def spin_until_readable(fd: int, spin_s: float) -> bool:
+    """Poll ``fd`` without sleeping for up to ``spin_s``; True once it has data."""
+    end = time.monotonic() + spin_s
+    while time.monotonic() < end:
+        if select.select([fd], [], [], 0)[0]:
+            return True
+    return False
+
+
+def receive(fd: int, deadline: float | None = None, spin_s: float = 0.0) -> dict[str, Any]:
+    """One message; ChannelError on a closed pipe, a deadline passed, or anything malformed.
+    ``spin_s``: first poll that long without sleeping (an answer expected within it)."""
+    if spin_s > 0:
+        spin_until_readable(fd, spin_s)
     (length,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
     if length > MAX_MESSAGE_BYTES:
         raise ChannelError(f"a message of {length} bytes (the limit is {MAX_MESSAGE_BYTES})")

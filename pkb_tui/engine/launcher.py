@@ -13,21 +13,23 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import stat
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pkb_tui.engine import events as ev
 from pkb_tui.engine import stats
-from pkb_tui.engine.modes import choose_mode, timings_representative
+from pkb_tui.engine.logs import RANKS_DID_NOT_START, launch_failure_detail
+from pkb_tui.engine.modes import check_world_size, choose_mode, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
 from pkb_tui.errors import PkbError
@@ -36,7 +38,6 @@ from tasks.base import SIZE_NAMES, Traffic, all_tasks, broken_tasks, load_task
 
 EventCallback = Callable[[ev.Event, "int | None"], None]
 
-STARTUP_TIMEOUT_S = 180.0  # torchrun + N Python processes importing torch, on a loaded 2-core box
 HEARTBEAT_TIMEOUT_S = 60.0
 JUDGE_GRACE_S = 60.0  # beyond a run's timeout, for its judges to end the candidate and report
 # Never let a rank switch NVLink multicast on (it can take a shared host's GPUs out of service).
@@ -72,7 +73,7 @@ class Launcher:
     def __init__(self, db_path: Path | str | None = None, *, runs_dir: Path | str | None = None) -> None:
         self.db_path = Path(db_path) if db_path is not None else default_db_path()
         self.runs_dir = Path(runs_dir) if runs_dir is not None else self.db_path.resolve().parent / "pkb-runs"
-        self.telemetry = None  # a collectors.telemetry.Telemetry while a batch runs
+        self.telemetry: Any = None  # a collectors.telemetry.Telemetry while a batch runs
         self.skipped: list[str] = []
         self._proc: subprocess.Popen | None = None
 
@@ -81,11 +82,16 @@ class Launcher:
         """Resolve and check everything that can be checked before launching; raise PkbError."""
         if request.trials < 1:
             raise PkbError(f"--trials must be at least 1 (got {request.trials}).")
+        if request.timing and request.iterations < 1:
+            raise PkbError(f"--iterations must be at least 1 (got {request.iterations}); --no-timing skips timing.")
+        if request.warmup < 0:
+            raise PkbError(f"--warmup must be 0 or more (got {request.warmup}).")
         if request.timeout_s <= 0:
             raise PkbError(f"--timeout must be positive (got {request.timeout_s}).")
         if request.size not in SIZE_NAMES:
             raise PkbError(f"Unknown size {request.size!r}; choose one of {', '.join(SIZE_NAMES)}.")
         mode = choose_mode(request.world_size, request.mode)
+        check_world_size(request.world_size, mode, oversubscribe=request.oversubscribe)
         every = request.tasks == ["all"]
         task_ids = list(all_tasks()) if every else list(dict.fromkeys(request.tasks))
         if not task_ids:
@@ -167,8 +173,11 @@ class Launcher:
             self._kill_tree()
             for state in states.values():
                 if not state.finished:
-                    detail = "cancelled by the user" if cancel.is_set() else "the batch stopped before this run"
-                    self._finish(store, state, "interrupted", detail, on_event)
+                    # A run never started is cancelled, not interrupted: it has no partial result.
+                    status = "interrupted" if state.started else "cancelled"
+                    why = "cancelled by the user" if cancel.is_set() else "the batch stopped"
+                    detail = why if state.started else f"{why} before this run started"
+                    self._finish(store, state, status, detail, on_event)
             if mps is not None:
                 mps.stop()
             self._stop_telemetry()
@@ -193,7 +202,7 @@ class Launcher:
         states: dict[int, _RunState] = {}
         for item in items:
             task = load_task(item.task)
-            baseline_file = Path(task.module.__file__)
+            baseline_file = Path(str(task.module.__file__))
             baseline_hash = store.add_source(str(baseline_file.relative_to(PROJECT_ROOT)) if baseline_file.is_relative_to(PROJECT_ROOT) else str(baseline_file), baseline_file.read_text())
             candidate_hash = baseline_hash
             if item.solution_path:
@@ -222,13 +231,13 @@ class Launcher:
         scratch = batch_dir / "scratch"
         scratch.mkdir(exist_ok=True)
         events_path = batch_dir / f"events.{launch}.jsonl"
-        events_path.touch()
+        _create_new(events_path, b"")
         spec_path = batch_dir / f"spec.{launch}.json"
-        spec_path.write_text(json.dumps({
+        _create_new(spec_path, json.dumps({
             "request": request.to_dict(), "items": [i.to_dict() for i in items], "mode": mode,
             "events_path": str(events_path), "log_dir": str(batch_dir), "scratch_dir": str(scratch),
             "launcher_pid": os.getpid(), "heartbeat_s": 1.0,
-        }))
+        }).encode())
         port = _free_port()
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
@@ -250,7 +259,7 @@ class Launcher:
         if mps is not None:
             env.update(mps.env)
         launch_log = batch_dir / "launch.log"
-        with open(launch_log, "ab") as log:
+        with os.fdopen(os.open(launch_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "ab") as log:
             log.write(f"\n=== launch {launch}: {' '.join(cmd)}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
@@ -261,9 +270,10 @@ class Launcher:
         pending = {item.index for item in items}
         current: int | None = None
         started = time.monotonic()
-        # The judges end a candidate that outlives its timeout themselves; this is the backstop
-        # for a judge that stops answering.
-        deadline = started + STARTUP_TIMEOUT_S + request.timeout_s + JUDGE_GRACE_S
+        # The timeout bounds each run's wall time: the launch's first run counts the ranks' start-up
+        # too, later ones the time since the last finished. The judges end a candidate that outlives
+        # its timeout themselves; the grace is for them to do so and report.
+        deadline = started + request.timeout_s + JUDGE_GRACE_S
         last_beat = started
         any_run_started = False
 
@@ -278,7 +288,6 @@ class Launcher:
                     self.telemetry.set_rank_pids(event.rank_pids)  # CPU use per rank, in rank order
             elif isinstance(event, ev.RunStarted) and state is not None:
                 current, any_run_started = event.item, True
-                deadline = time.monotonic() + request.timeout_s + JUDGE_GRACE_S
                 state.started = True
                 store.update_run(state.run_id, status="running", started_at=time.time())
                 if self.telemetry is not None:
@@ -324,8 +333,7 @@ class Launcher:
                     handle(event)
                 if not pending:
                     break
-                log_tail = _tail_text(launch_log, 1500)
-                outcome = ("error", f"a rank process died (torchrun exit code {returncode}); last output:\n{log_tail}")
+                outcome = ("error", launch_failure_detail(batch_dir, returncode, items=[i.index for i in items]))
                 break
             if cancel.is_set():
                 outcome = ("interrupted", "cancelled by the user")
@@ -345,13 +353,14 @@ class Launcher:
         if current is not None:
             state = states[current]
             if state.errors and status == "error":
-                detail = "; ".join(state.errors[-3:]) + "\n" + detail
+                # The first failed rank's own words first; what the others reported after it died follows.
+                detail += "\nreported by the ranks: " + "; ".join(state.errors[-3:])
             self._finish(store, state, status, detail, on_event, request=request)
             pending.discard(current)
         elif not any_run_started and status != "interrupted":
             # The ranks never reached a run: relaunching would fail the same way.
             for index in sorted(pending):
-                self._finish(store, states[index], "error", f"the ranks did not start: {detail}", on_event, request=request)
+                self._finish(store, states[index], "error", f"{RANKS_DID_NOT_START}: {detail}", on_event, request=request)
             return []
         if status == "interrupted":
             return []
@@ -495,10 +504,10 @@ class Launcher:
         if not parts:
             return None
         merged = parts[0].parent / f"run-{state.run_id}.log"
-        with open(merged, "w") as out:
+        with os.fdopen(os.open(merged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "w") as out:
             for part in parts:
                 rank = part.name.split(".rank")[1].split(".")[0]
-                for line in part.read_text(errors="replace").splitlines():
+                for line in _read_regular(part).splitlines():
                     out.write(f"[rank {rank}] {line}\n")
         return merged
 
@@ -592,18 +601,34 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _create_new(path: Path, data: bytes) -> None:
+    """Create a file the launcher owns in the batch folder: never through a planted link or onto
+    an existing file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _read_regular(path: Path, limit: int = 64 * 2**20) -> str:
+    """A file in the batch folder as text, only if it is a regular file (no link, FIFO or device
+    planted there can redirect or hang the launcher); at most ``limit`` bytes (the tail)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        if info.st_size > limit:
+            f.seek(info.st_size - limit)
+        return f.read(limit).decode(errors="replace")
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _tail_text(path: Path, limit: int) -> str:
-    try:
-        data = path.read_bytes()[-limit:]
-    except OSError:
-        return ""
-    return data.decode(errors="replace").strip()
 
 
 def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, mode: str) -> str | None:

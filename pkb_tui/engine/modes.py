@@ -9,6 +9,13 @@ from pkb_tui.errors import PkbError
 MODES = ("nccl", "shared-gpu", "cpu")
 # What every cpu-mode figure is labelled with (CLI, JSON, screens): gloo on a shared CPU box.
 CPU_MODE_LABEL = "cpu: for development, not a measurement"
+# The dtype names a request may carry, in the order screens list them; tasks.base.DTYPES maps
+# exactly these to torch dtypes (a test holds the two together). Here so that choosing one needs no torch.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+MODE_CHOICES = ("auto", *MODES)  # what a user may ask for (auto: chosen from the GPUs present)
+# Ranks sharing one GPU in shared-gpu mode: past this they only time-slice (and each holds a CUDA
+# context of several hundred MiB), so the figures say nothing and the box may run out of memory.
+SHARED_GPU_MAX_RANKS = 8
 
 
 def visible_gpu_count() -> int:
@@ -52,3 +59,23 @@ def timings_representative(mode: str) -> bool:
     """Whether a mode's timings stand for the real thing: only nccl. shared-gpu ranks time-slice
     one GPU; cpu is gloo on a shared host (for development, not a measurement)."""
     return mode == "nccl"
+def rank_capacity(mode: str, gpu_count: int | None = None, cpu_count: int | None = None) -> tuple[int, str]:
+    """The most ranks the mode holds on this box, and the reason (for the error message)."""
+    if mode == "cpu":
+        cores = cpu_count if cpu_count is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        return cores, f"this box has {cores} CPU core(s) and cpu mode runs one busy rank process per core"
+    if mode == "nccl":
+        gpus = visible_gpu_count() if gpu_count is None else gpu_count
+        return gpus, f"nccl mode needs one GPU per rank and {gpus} GPU(s) are visible"
+    return SHARED_GPU_MAX_RANKS, f"shared-gpu mode time-slices one GPU; past {SHARED_GPU_MAX_RANKS} ranks the figures mean nothing"
+
+
+def check_world_size(world_size: int, mode: str, *, oversubscribe: bool = False,
+                     gpu_count: int | None = None, cpu_count: int | None = None) -> None:
+    """Refuse more ranks than the mode holds here (each would wait on the others), unless asked."""
+    capacity, why = rank_capacity(mode, gpu_count, cpu_count)
+    if world_size > capacity and not oversubscribe:
+        raise PkbError(
+            f"World size {world_size} is more than {mode} mode holds here ({capacity}): {why}; "
+            f"lower --world-size, or pass --oversubscribe (the dashboard's oversubscribe box) to run it anyway."
+        )

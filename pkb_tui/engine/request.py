@@ -16,21 +16,21 @@ class RunRequest:
     dtype: str = "float32"
     size: str = "small"
     trials: int = 3
-    timeout_s: float = 300.0  # per run (one task x model); the batch's first run also gets start-up time
+    timeout_s: float = 300.0  # per run (one task x model), wall time; a launch's first run counts its start-up
     timing: bool = True
     warmup: int = 5
     iterations: int = 30
     profile: bool = True  # per-kernel table after timing
     seed: int = 0
-    telemetry: bool = True  # NVML/PCIe counters around timed phases
     speedup_basis: str = "eager"  # which timing method speedup and leaderboard use: eager or graph
+    oversubscribe: bool = False  # allow more ranks than the mode can hold (engine.modes.rank_capacity)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunRequest":
+    def from_dict(cls, data: dict[str, Any]) -> RunRequest:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 

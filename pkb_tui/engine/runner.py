@@ -91,13 +91,17 @@ class Runner:
             channel.send(self.write_fd, {"ok": False, "error": f"runner set-up failed: {type(exc).__name__}: {exc}"})
             return 1
         channel.send(self.write_fd, {"ok": True, "sandbox_note": note, "pid": os.getpid()})
+        last_op = None
         while True:
             try:
-                command = channel.receive(self.read_fd)
+                # After "prepare" comes the timed "run": wait for it spinning (a wake-up from sleep
+                # costs ~100 us on a VM, inside the judge's window), on a GPU box only.
+                spin_s = 0.02 if last_op == "prepare" and self.device.type == "cuda" else 0.0
+                command = channel.receive(self.read_fd, spin_s=spin_s)
             except channel.ChannelError:
                 return 0  # the judge went away: nothing left to do
             t_in_ns = _perf_counter_ns()
-            op = command.get("op")
+            op = last_op = command.get("op")
             if op == "exit":
                 channel.send(self.write_fd, {"ok": True})
                 return 0
@@ -167,7 +171,6 @@ class Runner:
 
     def op_run(self, command: dict[str, Any]) -> dict[str, Any]:
         how = command.get("how", "eager")
-        torch = self.torch
         on_gpu = self.device.type == "cuda"
         null = how in ("null", "graph-null")
         if null and not self.null_outputs:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import secrets
 import select
 import signal
@@ -38,10 +39,9 @@ import torch
 import torch.distributed as dist
 
 from collectors.counters import combine_phases
-from pkb_tui.engine import channel
+from pkb_tui.engine import channel, stats
 from pkb_tui.engine import events as ev
-from pkb_tui.engine import stats
-from pkb_tui.engine.compare import Comparison, compare_outputs, tensors_in
+from pkb_tui.engine.compare import Comparison, float64_copies, judge_outputs, tensors_in
 from pkb_tui.engine.modes import backend_for, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.timing import per_call_us, percentile, reconcile, summarize
@@ -67,6 +67,22 @@ _PRIVATE_ENV = ("PKB_EVENT_KEY", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN
                 "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE")
+
+
+TIMED_SAMPLE = 8  # timed calls per block also judged one by one (a secret sample)
+
+
+class Rule:
+    """How a task's outputs are judged: against the baseline's and the float64 truth's, per output
+    (engine.compare.judge_outputs with the task's per-output tolerances)."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def judge(self, outputs: Any, expected: Any, truth: Any, where: str) -> Comparison:
+        if isinstance(outputs, str):  # the runner could not store them: its sentence
+            return Comparison(False, None, None, outputs)
+        return judge_outputs(outputs, expected, truth, self.task.spec.output_tolerance, where)
 
 
 class CandidateFailure(Exception):
@@ -137,11 +153,15 @@ class RunnerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def request(self, message: dict[str, Any], deadline: float, abort: Any = None) -> dict[str, Any]:
-        """Send one command and wait for its answer; CandidateFailure when there is none."""
+    def request(self, message: dict[str, Any], deadline: float, abort: Any = None, spin_s: float = 0.0
+                ) -> dict[str, Any]:
+        """Send one command and wait for its answer; CandidateFailure when there is none.
+        ``spin_s``: poll without sleeping that long first (timed blocks on a GPU box)."""
         self.resume()
         try:
             channel.send(self.to_runner, message)
+            if spin_s > 0:
+                channel.spin_until_readable(self.from_runner, spin_s)
             while True:
                 left = deadline - _monotonic()
                 if left <= 0:
@@ -260,6 +280,7 @@ class Rank:
         self.runner_note: str | None = None
         self.baseline_runner: RunnerProcess | None = None
         self._flush: torch.Tensor | None = None
+        self._sampler = random.Random(secrets.randbits(64))  # which timed calls are judged one by one
         if self.mode == "nccl":
             self.device = torch.device("cuda", self.local_rank)
         elif self.mode == "shared-gpu":
@@ -483,7 +504,7 @@ class Rank:
         req = self.request
         self.emit(ev.RunStarted(item=item.index, task=item.task, model=item.model, trials=req.trials))
         task = load_task(item.task)
-        tol = task.spec.tolerance(req.dtype)
+        rule = Rule(task)
         deadline = _monotonic() + float(req.timeout_s)
         abort = self._aborted(item)
         candidate: RunnerProcess | None = None
@@ -507,9 +528,9 @@ class Rank:
                 self.emit(ev.Error(item=item.index, where=where, message=exc.message))
                 self.emit(ev.RunFinished(item=item.index, status=exc.status, detail=exc.message))
                 return
-            status, detail = self._trials(item, task, tol, candidate, deadline, abort)
+            status, detail = self._trials(item, task, rule, candidate, deadline, abort)
             if status in ("passed", "failed") and req.timing:
-                timing_status, timing_detail = self._time(item, task, tol, candidate, status == "passed", deadline, abort)
+                timing_status, timing_detail = self._time(item, task, rule, candidate, status == "passed", deadline, abort)
                 if timing_status != "passed":
                     status, detail = timing_status, timing_detail
             if status == "passed" and req.profile:
@@ -526,7 +547,7 @@ class Rank:
                             seed=_trial_seed(self.secret_seed, item.task, label), device=self.device, mode=self.mode,
                             trial=label if isinstance(label, int) else None)  # PKB problems seed their inputs by it
 
-    def _trials(self, item: RunItem, task: Task, tol: Any, candidate: RunnerProcess, deadline: float,
+    def _trials(self, item: RunItem, task: Task, rule: Rule, candidate: RunnerProcess, deadline: float,
                 abort: Any) -> tuple[str, str | None]:
         req = self.request
         all_correct = True
@@ -534,13 +555,14 @@ class Rank:
             self.emit(ev.Progress(item=item.index, phase="trial", trial=trial, trials=req.trials))
             inputs = task.make_inputs(self._context(task, item, trial))
             expected = task.baseline(*_clone(inputs))
+            truth = task.baseline(*float64_copies(inputs))  # the same maths in float64: what "right" is
             self._sync()
             failure = None
             cmp = Comparison(False, message="not run")
             try:
                 outputs = self._call(candidate, [inputs], [expected], "eager", deadline, abort, check=True,
                                      poison=_nbytes(expected))[1]
-                cmp = self._judge(outputs[0], expected, tol, "output")
+                cmp = rule.judge(outputs[0], expected, truth, "output")
             except CandidateFailure as exc:
                 failure = exc
             failure = self._agree_failure(item, failure)
@@ -549,11 +571,6 @@ class Rank:
                 return failure.status, failure.message
             all_correct = self._report_trial(item, trial, cmp) and all_correct
         return ("passed" if all_correct else "failed"), None
-
-    def _judge(self, outputs: Any, expected: Any, tol: Any, where: str) -> Comparison:
-        if isinstance(outputs, str):  # the runner could not store them: its sentence
-            return Comparison(False, None, None, outputs)
-        return compare_outputs(outputs, expected, tol, where)
 
     def _call(self, runner: RunnerProcess, inputs: list[Any], expected: list[Any], how: str, deadline: float,
               abort: Any, *, check: bool = False, poison: int = 0, timed: bool = False,
@@ -596,7 +613,8 @@ class Rank:
                 counters.start()
             t0 = _perf_counter_ns()
             try:
-                reply = runner.request({"op": "run", "how": how, "check": check, "poison": poison}, deadline, abort)
+                reply = runner.request({"op": "run", "how": how, "check": check, "poison": poison}, deadline, abort,
+                                       spin_s=0.05 if timed and self.device.type == "cuda" else 0.0)
                 t_back = _perf_counter_ns()
                 wall_us = (t_back - t0) / 1000.0
                 _expect_ok(reply, runner.label)
@@ -664,15 +682,24 @@ class Rank:
                                            max_rounds=MAX_ROUNDS, statistic=statistic)
         return decision.more
 
-    def _check_timed(self, outputs: list[Any], expected: list[Any], tol: Any, round_index: int) -> str | None:
+    def _check_timed(self, outputs: list[Any], expected: list[Any], truths: list[Any], rule: Rule,
+                     round_index: int) -> str | None:
         """Every timed call's outputs against its own expected values; None when all are right.
-        Calls whose outputs have one shape are compared in one stacked comparison."""
-        stacked_out, stacked_exp = _stack(outputs), _stack(expected)
-        if stacked_out is not None and stacked_exp is not None:
-            if self._judge(stacked_out, stacked_exp, tol, "timed outputs").correct:
+        Calls whose outputs have one shape are judged in one stacked comparison (the largest error
+        of any call counts), and a secret sample of calls one by one as well (the typical error of
+        each call counts too)."""
+        stacked = [_stack(outputs), _stack(expected), _stack(truths)]
+        if all(v is not None for v in stacked):
+            cmp = rule.judge(*stacked, "timed outputs")
+            if cmp.correct:
+                sample = self._sampler.sample(range(len(outputs)), min(TIMED_SAMPLE, len(outputs)))
+                for k in sorted(sample):
+                    cmp = rule.judge(outputs[k], expected[k], truths[k], f"timed call {k} of round {round_index}")
+                    if not cmp.correct:
+                        return cmp.message or "a timed output was wrong"
                 return None
-        for k, (out, exp) in enumerate(zip(outputs, expected)):
-            cmp = self._judge(out, exp, tol, f"timed call {k} of round {round_index}")
+        for k, (out, exp, truth) in enumerate(zip(outputs, expected, truths)):
+            cmp = rule.judge(out, exp, truth, f"timed call {k} of round {round_index}")
             if not cmp.correct:
                 return cmp.message or "a timed output was wrong"
         return None
@@ -697,7 +724,7 @@ class Rank:
         return all(ok_everywhere)
 
     # ------------------------------------------------------------------ timing
-    def _time(self, item: RunItem, task: Task, tol: Any, candidate: RunnerProcess, candidate_ok: bool,
+    def _time(self, item: RunItem, task: Task, rule: Rule, candidate: RunnerProcess, candidate_ok: bool,
               deadline: float, abort: Any) -> tuple[str, str | None]:
         """Baseline and candidate in interleaved rounds (B C, C B, ...), each round a block of calls
         on fresh inputs that every variant gets alike, timed by the judge's own clock from the
@@ -725,22 +752,23 @@ class Rank:
         phases: dict[str, list[dict]] = {v: [] for v, _ in variants}
         counters = {v: _phase_counters(self.device) for v, _ in variants}
 
-        def fresh(label: Any, calls: int) -> tuple[list[Any], list[Any]]:
+        def fresh(label: Any, calls: int) -> tuple[list[Any], list[Any], list[Any]]:
             inputs = [task.make_inputs(self._context(task, item, ("timing", label, k))) for k in range(calls)]
             expected = [task.baseline(*_clone(x)) for x in inputs]
+            truths = [task.baseline(*float64_copies(x)) for x in inputs]
             self._sync()
-            return inputs, expected
+            return inputs, expected, truths
 
         # Warm-up (also JIT, NCCL and graph capture) and the block size: enough calls that a block
         # lasts ~TARGET_BLOCK_US, as many as fit the arena budget, at most MAX_CALLS_PER_BLOCK.
-        sample_inputs, sample_expected = fresh("size", 1)
+        sample_inputs, sample_expected, _ = fresh("size", 1)
         per_call_bytes = max(1, _nbytes(sample_inputs[0]) + _nbytes(sample_expected[0]))
         calls_by_memory = max(1, ARENA_BUDGET_BYTES[kind] // per_call_bytes)
         warm_calls = int(min(calls_by_memory, max(2, min(8, req.warmup))))
         failure: CandidateFailure | None = None
         warm_us: list[float] = []
         try:
-            inputs, expected = fresh("warmup", warm_calls)
+            inputs, expected, _ = fresh("warmup", warm_calls)
             for variant, runner in variants:
                 for how in methods:
                     block, outputs, reply = self._call(runner, inputs, expected, how, deadline, abort, timed=True)
@@ -754,9 +782,15 @@ class Rank:
         except CandidateFailure as exc:
             failure = exc
         failure = self._agree_failure(item, failure)
+        candidate_failure: CandidateFailure | None = None
         if failure is not None:
             self.emit(ev.Error(item=item.index, where="timing", message=failure.message))
-            return failure.status, failure.message
+            if not _candidate_fault(failure, candidate_ok):
+                return failure.status, failure.message
+            # The candidate raised or died while timed: it fails; the baseline is timed on alone.
+            candidate_failure = _during_timing(failure)
+            candidate_ok = False
+            variants = [(v, r) for v, r in variants if v != "candidate"]
         notes = self.agree({m: series[("candidate", m)].note for m in methods} if candidate_ok else {})
         for m in methods:
             note = next((n.get(m) for n in notes if n.get(m)), None)
@@ -778,7 +812,7 @@ class Rank:
                 series[key].rounds.append([])
             try:
                 for sub in range(per_round):
-                    inputs, expected = fresh((round_index, sub), calls)
+                    inputs, expected, truths = fresh((round_index, sub), calls)
                     order = variants if (round_index + sub) % 2 == 0 else variants[::-1]
                     for variant, runner in order:
                         self.emit(ev.Progress(item=item.index, phase="timing", variant=variant))
@@ -795,7 +829,7 @@ class Rank:
                                 continue
                             series[(variant, how)].rounds[-1].append(block)
                             if variant == "candidate" and wrong is None:
-                                wrong = self._check_timed(outputs, expected, tol, round_index)
+                                wrong = self._check_timed(outputs, expected, truths, rule, round_index)
                             if variant == "baseline":
                                 null_how = "null" if how == "eager" else "graph-null"
                                 null_block, _, null_reply = self._call(runner, inputs, expected, null_how, deadline,
@@ -807,7 +841,15 @@ class Rank:
             failure = self._agree_failure(item, failure)
             if failure is not None:
                 self.emit(ev.Error(item=item.index, where="timing", message=failure.message))
-                return failure.status, failure.message
+                if not _candidate_fault(failure, candidate_ok):
+                    return failure.status, failure.message
+                # The candidate raised or died while timed: it fails; the baseline keeps the rounds
+                # it has (its own figures stand).
+                candidate_failure = _during_timing(failure)
+                variants = [(v, r) for v, r in variants if v != "candidate"]
+                for key in [k for k in series if k[0] == "candidate"]:
+                    series[key].rounds = []
+                break
             round_index += 1
             # Adaptive: more rounds until the speedup's interval is narrow enough or the budget is
             # spent (judge 0 decides on its own clock's figures; every judge follows).
@@ -817,10 +859,10 @@ class Rank:
                                          _monotonic() - timing_started, budget_s, statistic)
             if not self.agree(more)[0]:
                 break
-        del inputs, expected
+        del inputs, expected, truths
         wrong_anywhere = [w for w in self.agree(wrong) if w]
         timed_ok = not wrong_anywhere
-        if candidate_ok:
+        if candidate_ok and candidate_failure is None:
             self._report_trial(item, -1, Comparison(timed_ok, message=None if timed_ok else wrong_anywhere[0]))
 
         # Per block: the slowest rank's wall time; the harness cost of a block is the median of the
@@ -834,6 +876,8 @@ class Rank:
         if self.rank == 0 and gathered is not None:
             tampered = self._emit_timings(item, variants, methods, series, gathered, link_all, calls)
         tampered = self.agree(tampered)[0]
+        if candidate_failure is not None:
+            return "failed", candidate_failure.message
         if tampered:
             self.emit(ev.Error(item=item.index, where="timing", message=tampered))
             return "failed", tampered
@@ -968,6 +1012,19 @@ def _build_output(spec: Any, arena: torch.Tensor, leaves: list[Any] | None) -> A
         return channel.build(node, arena)
 
     return walk(spec)
+
+
+def _candidate_fault(failure: CandidateFailure, candidate_timed: bool) -> bool:
+    """A failure in timing that is the candidate's (it raised or its process died), so the
+    baseline can be timed on without it; a timeout or a baseline runner's failure is not."""
+    return candidate_timed and failure.status == "error" and "baseline" not in failure.message
+
+
+def _during_timing(failure: CandidateFailure) -> CandidateFailure:
+    message = failure.message.replace("the candidate raised:", "the candidate raised during timing:", 1)
+    if message == failure.message:
+        message = f"during timing: {message}"
+    return CandidateFailure(failure.status, message)
 
 
 def _failure_order(entry: Any) -> int:

@@ -11,7 +11,8 @@ has shipped. Store.open applies the missing ones in one transaction each.
 
 from __future__ import annotations
 
-RUN_STATUSES = ("queued", "running", "passed", "failed", "error", "timeout", "interrupted")
+from pkb_tui.store.statuses import STATUSES as RUN_STATUSES  # noqa: F401  (the one list: statuses.py)
+
 VARIANTS = ("baseline", "candidate")
 
 _V1 = [

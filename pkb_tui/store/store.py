@@ -14,19 +14,27 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
-from pkb_tui.errors import PkbError
+from pkb_tui.errors import EXIT_HARNESS, PkbError
 from pkb_tui.store.generate import GenerateStore
 from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION
+from pkb_tui.store.statuses import FINISHED_STATUSES, UNFINISHED_STATUSES, sql_list
 
 DEFAULT_DB = "runs.db"
 
 
 def default_db_path() -> Path:
     return Path(os.environ.get("PKB_DB") or DEFAULT_DB)
+
+
+def damaged_database(path: Path | str, exc: BaseException) -> str:
+    """The one sentence for a database SQLite cannot read (header or pages)."""
+    return (f"The database {path} is damaged ({exc}); move it aside (pkb-tui then starts a new one) "
+            "or restore it from a copy.")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -39,15 +47,46 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def connect(path: Path | str, *, readonly: bool = False, timeout_s: float = 30.0) -> sqlite3.Connection:
+class _Connection(sqlite3.Connection):
+    """A connection whose damaged-file errors are the one sentence of damaged_database: damage past
+    the header shows only when a statement reads a damaged page, anywhere in the program."""
+
+    db_path: Path
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:  # type: ignore[override]
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.DatabaseError as exc:
+            raise _damage_or(exc, self.db_path) from exc
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:  # type: ignore[override]
+        try:
+            return super().executemany(sql, parameters)
+        except sqlite3.DatabaseError as exc:
+            raise _damage_or(exc, self.db_path) from exc
+
+
+def _damage_or(exc: sqlite3.DatabaseError, path: Path) -> Exception:
+    # Only the plain DatabaseError (malformed image, not a database); IntegrityError and the other
+    # subclasses are the caller's to handle.
+    if type(exc) is sqlite3.DatabaseError and ("malformed" in str(exc) or "not a database" in str(exc)):
+        return PkbError(damaged_database(path, exc), exit_code=EXIT_HARNESS)
+    return exc
+
+
+def connect(path: Path | str, *, readonly: bool = False, timeout_s: float = 30.0) -> _Connection:
     """Open the database with the settings every connection of the project uses."""
     path = Path(path)
+    conn: _Connection
     if readonly:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout_s, check_same_thread=False)
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout_s, check_same_thread=False,
+                               factory=_Connection)
     else:
-        conn = sqlite3.connect(path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
+        conn = sqlite3.connect(path, timeout=timeout_s, check_same_thread=False, isolation_level=None,
+                               factory=_Connection)
+    conn.db_path = path
     conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA busy_timeout = %d" % int(timeout_s * 1000))
+    conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
 
@@ -145,7 +184,11 @@ class Store(GenerateStore):
         self._lock = threading.RLock()
         self.conn = self._open()
         if recover:
-            self.recover_interrupted()
+            try:
+                self.recover_interrupted()  # the first read of a table: damage past the header shows here
+            except PkbError:
+                self.conn.close()
+                raise
 
     # ----------------------------------------------------------------- opening and migrations
     def _open(self) -> sqlite3.Connection:
@@ -161,9 +204,10 @@ class Store(GenerateStore):
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, PkbError) as exc:
             raise PkbError(
-                f"{self.path} is not a pkb-tui database or is corrupt ({exc}); move it aside or pass another --db."
+                f"{self.path} is not a pkb-tui database or is corrupt ({exc.__cause__ or exc}); "
+                "move it aside or pass another --db."
             ) from exc
         if version > SCHEMA_VERSION:
             raise PkbError(
@@ -184,7 +228,7 @@ class Store(GenerateStore):
     def close(self) -> None:
         self.conn.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -202,23 +246,55 @@ class Store(GenerateStore):
             self.conn.execute("COMMIT")
 
     def recover_interrupted(self) -> int:
-        """Mark runs left 'running'/'queued' by a launcher that no longer exists as interrupted."""
+        """Runs left unfinished by a launcher that no longer exists: 'running' ones become
+        interrupted, 'queued' ones (never started) cancelled."""
         here = socket.gethostname()
         rows = self.conn.execute(
-            "SELECT id, launcher_pid, launcher_host FROM runs WHERE status IN ('running', 'queued')"
+            f"SELECT id, status, launcher_pid, launcher_host FROM runs WHERE status IN {sql_list(UNFINISHED_STATUSES)}"
         ).fetchall()
         dead = [
-            row["id"] for row in rows
+            row for row in rows
             if row["launcher_host"] == here and (row["launcher_pid"] is None or not _pid_alive(row["launcher_pid"]))
         ]
         if dead:
+            now = time.time()
             with self.transaction() as conn:
                 conn.executemany(
-                    "UPDATE runs SET status='interrupted', finished_at=COALESCE(finished_at, ?), "
-                    "status_detail=COALESCE(status_detail, 'the launcher stopped before the run finished') WHERE id=?",
-                    [(time.time(), run_id) for run_id in dead],
+                    "UPDATE runs SET status=?, finished_at=COALESCE(finished_at, ?), "
+                    "status_detail=COALESCE(status_detail, ?) WHERE id=?",
+                    [
+                        ("interrupted", now, "the launcher stopped before the run finished", row["id"])
+                        if row["status"] == "running" else
+                        ("cancelled", now, "the launcher stopped before the run started", row["id"])
+                        for row in dead
+                    ],
                 )
         return len(dead)
+
+    def delete_runs(self, run_ids: Iterable[int]) -> list[int]:
+        """Delete runs with their results, trials, kernels and telemetry samples; returns the ids
+        that existed. A run still going (queued or running) is refused: its launcher writes to it."""
+        ids = sorted(set(int(i) for i in run_ids))
+        if not ids:
+            return []
+        marks = ", ".join("?" for _ in ids)
+        rows = self.conn.execute(f"SELECT id, status FROM runs WHERE id IN ({marks})", ids).fetchall()
+        busy = [row["id"] for row in rows if row["status"] in UNFINISHED_STATUSES]
+        if busy:
+            raise PkbError(
+                f"Run {', '.join(map(str, busy))} is still queued or running; cancel it before deleting it."
+            )
+        found = [int(row["id"]) for row in rows]
+        if not found:
+            return []
+        marks = ", ".join("?" for _ in found)
+        with self.transaction() as conn:
+            # results, trials and kernels go with the run (ON DELETE CASCADE); the samples tables
+            # keep run_id without a foreign key (monitor rows have none), so they are cleared here.
+            for table in ("samples", "link_samples", "rank_samples"):
+                conn.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", found)
+            conn.execute(f"DELETE FROM runs WHERE id IN ({marks})", found)
+        return found
 
     # ----------------------------------------------------------------- writes
     def upsert_host(self, info: dict[str, Any]) -> int:
@@ -241,7 +317,7 @@ class Store(GenerateStore):
                 f"INSERT INTO hosts (fingerprint, {cols}, first_seen_at, last_seen_at) VALUES (?, {marks}, ?, ?)",
                 (fingerprint, *fields.values(), now, now),
             )
-            return int(cur.lastrowid)
+            return int(cur.lastrowid or 0)  # an INSERT always sets it
 
     def add_source(self, path: str, text: str) -> str:
         digest = hashlib.sha256(text.encode()).hexdigest()
@@ -267,6 +343,17 @@ class Store(GenerateStore):
         sets = ", ".join(f"{k}=?" for k in fields)
         with self.transaction() as conn:
             conn.execute(f"UPDATE runs SET {sets} WHERE id=?", (*fields.values(), run_id))
+
+    def add_note(self, run_ids: Iterable[int], sentence: str) -> None:
+        """Append a sentence to the notes shown with each run's result."""
+        with self.transaction() as conn:
+            for run_id in run_ids:
+                row = conn.execute("SELECT notes FROM runs WHERE id=?", (run_id,)).fetchone()
+                if row is None:
+                    continue
+                notes = json.loads(row["notes"]) if row["notes"] else []
+                notes.append(sentence)
+                conn.execute("UPDATE runs SET notes=? WHERE id=?", (json.dumps(notes), run_id))
 
     def add_result(self, run_id: int, variant: str, fields: dict[str, Any]) -> None:
         fields = {**fields, "run_id": run_id, "variant": variant}
@@ -332,7 +419,7 @@ class Store(GenerateStore):
         marks = ", ".join("?" for _ in fields)
         with self.transaction() as conn:
             cur = conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(fields.values()))
-            return int(cur.lastrowid)
+            return int(cur.lastrowid or 0)  # an INSERT always sets it
 
     # ----------------------------------------------------------------- reads
     def runs(
@@ -463,7 +550,7 @@ class Store(GenerateStore):
         return _with_detail(row)
 
     def leaderboard(self, *, task_ids: Iterable[str] | None = None, basis: str = "eager") -> list[dict[str, Any]]:
-        """Per model over the latest finished run of each task: correct, fast_1, fast_1.5, geomean speedup.
+        """Per model over the latest finished run (FINISHED_STATUSES) of each task: correct, fast_1, fast_1.5, geomean speedup.
 
         fast_p counts tasks whose candidate is correct and whose speedup's confidence interval lies
         above p (its lower end > p): a ratio above p that the timing noise could explain is not
@@ -474,7 +561,7 @@ class Store(GenerateStore):
         check_basis(basis)
         sql = (
             "SELECT r.model, r.task_id, c.* FROM runs r "
-            "JOIN (SELECT model, task_id, MAX(id) AS id FROM runs WHERE status NOT IN ('queued','running') "
+            f"JOIN (SELECT model, task_id, MAX(id) AS id FROM runs WHERE status IN {sql_list(FINISHED_STATUSES)} "
             "      GROUP BY model, task_id) latest ON latest.id = r.id "
             "LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate'"
         )
@@ -535,7 +622,7 @@ class Store(GenerateStore):
         """task id -> its newest finished run (any model): id, model, status, candidate correct, speedup."""
         sql = (
             "SELECT r.task_id, r.id, r.model, r.status, c.correct, c.speedup FROM runs r "
-            "JOIN (SELECT task_id, MAX(id) AS id FROM runs WHERE status NOT IN ('queued','running') "
+            f"JOIN (SELECT task_id, MAX(id) AS id FROM runs WHERE status IN {sql_list(FINISHED_STATUSES)} "
             "      GROUP BY task_id) latest ON latest.id = r.id "
             "LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate'"
         )

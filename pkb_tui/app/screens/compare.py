@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.table import Table
 from rich.text import Text
@@ -12,11 +13,20 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Static
 
-from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import (
-    NA, STATUS_STYLES, correct_mark, fmt_bytes, fmt_error, fmt_fraction, fmt_gbps, fmt_speedup, fmt_time, fmt_us,
+    NA,
+    STATUS_STYLES,
+    correct_mark,
+    fmt_bytes,
+    fmt_error,
+    fmt_fraction,
+    fmt_gbps,
+    fmt_speedup,
+    fmt_time,
+    fmt_us,
     status_label,
 )
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.errors import PkbError
 
 if TYPE_CHECKING:
@@ -90,7 +100,7 @@ class CompareScreen(Screen):
         self.run_ids = [run_a, run_b]
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:

@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Select, Static
 
 from pkb_tui.app.format import status_mark, truncate
-from pkb_tui.store.schema import RUN_STATUSES
+from pkb_tui.store.statuses import STATUSES as RUN_STATUSES
 
 ANY = "any"
 PERIODS = ((ANY, "any time"), ("1d", "last 24 h"), ("7d", "last 7 days"), ("30d", "last 30 days"))
@@ -43,7 +43,7 @@ class RunFilters:
         return (f"task {self.task or ANY} · model {self.model or ANY} · "
                 f"status {f'{status_mark(self.status)} {self.status}' if self.status else ANY} · {period} · host {host}")
 
-    def with_(self, **changes: Any) -> "RunFilters":
+    def with_(self, **changes: Any) -> RunFilters:
         return replace(self, **changes)
 
 

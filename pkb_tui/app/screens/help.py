@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -10,8 +12,11 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-MARKS = "Marks: ✓ passed/correct  ✗ failed/incorrect  ‼ error  ⏱ timeout  ⊘ interrupted  ▶ running  … queued  " \
-        "▲ faster/better  ▼ slower/worse  · n/a (not measured)  ● marked for compare"
+from pkb_tui.store.statuses import STATUS_MARKS, STATUSES
+
+MARKS = ("Marks: " + "  ".join(f"{STATUS_MARKS[s]} {s}" for s in STATUSES)
+         + "  ✓/✗ correct/incorrect  ▲ faster/better  ▼ slower/worse  · n/a (not measured)  ● marked for compare"
+         + "  ☒ task marked to run")
 
 
 def _key_label(binding: Binding) -> str:
@@ -32,28 +37,35 @@ def key_table() -> Table:
     from pkb_tui.app.screens.monitor import MonitorScreen
     from pkb_tui.app.screens.result import ResultScreen
 
-    table = Table(box=None, padding=(0, 1), show_header=False, expand=True)
-    table.add_column("key", style="bold cyan", no_wrap=True, width=12)
-    table.add_column("does", ratio=1)
-    sections = [("Everywhere", PkbApp), ("Launch", LaunchScreen), ("Live", LiveScreen), ("History", HistoryScreen),
+    sections: list[tuple[str, Any]] = [("Everywhere", PkbApp), ("Launch", LaunchScreen), ("Live", LiveScreen), ("History", HistoryScreen),
                 ("History filters", FilterScreen), ("Result", ResultScreen), ("Compare", CompareScreen), ("Monitor", MonitorScreen),
                 ("Generate (G)", GenerateScreen), ("Generate: a reply", ReplyScreen)]
     extra = {
         "Launch": [("tab", "next field (filter, family, tasks, models, options)"),
-                   ("enter", "on the tasks list: run; in Models: mark")],
+                   ("enter", "in Models: mark (on the tasks list Enter does nothing: r runs)"),
+                   ("?text", "in the filter: search titles and sources too")],
         "History": [("enter", "open the highlighted run (in the leaderboard: that model's runs)"),
                     ("click header", "sort by that column")],
-        "Everywhere": [("↑ ↓ pgup pgdn", "move in lists and tables")],
+        "Everywhere": [("↑ ↓ pgup pgdn", "move in lists and tables"), ("ctrl+p", "command palette: actions by name")],
         "Generate (G)": [("enter", "the highlighted request's reply and its extracted code")],
     }
+    rows: list[tuple[str, str] | str] = []  # a str is a section title
     for title, owner in sections:
-        table.add_row(Text(title, style="bold underline"), "")
-        for binding in owner.BINDINGS:
-            if isinstance(binding, tuple):
-                binding = Binding(*binding)
-            table.add_row(_key_label(binding), binding.description or binding.action)
-        for key, does in extra.get(title, []):
-            table.add_row(key, does)
+        rows.append(title)
+        for item in owner.BINDINGS:
+            binding = item if isinstance(item, Binding) else Binding(*item)
+            rows.append((_key_label(binding), binding.description or binding.action))
+        rows.extend(extra.get(title, []))
+    table = Table(box=None, padding=(0, 1), show_header=False, expand=True)
+    # The key column as wide as its widest key (not a fixed width that cuts "↑ ↓ pgup pgdn").
+    key_width = max(Text(row[0]).cell_len for row in rows if isinstance(row, tuple))
+    table.add_column("key", style="bold cyan", no_wrap=True, width=key_width)
+    table.add_column("does", ratio=1)
+    for row in rows:
+        if isinstance(row, str):
+            table.add_row(Text(row, style="bold underline"), "")
+        else:
+            table.add_row(*row)
     return table
 
 

@@ -12,14 +12,20 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Label, Static
 
-from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import (
-    STATUS_STYLES, fmt_speedup, fmt_time, fmt_us, status_label, status_mark,
+    STATUS_STYLES,
+    fmt_speedup,
+    fmt_time,
+    fmt_us,
+    status_label,
+    status_mark,
 )
 from pkb_tui.app.screens.filters import FilterScreen, RunFilters
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.widgets.nav import NavBar
 from pkb_tui.app.widgets.row_list import Column, RowList
 from pkb_tui.engine.modes import CPU_MODE_LABEL
+from pkb_tui.errors import PkbError
 
 if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
@@ -40,12 +46,12 @@ COLUMN_SORT = {"id": "id", "task": "task", "model": "model", "status": "status",
                "cand": "candidate_us", "base": "baseline_us", "when": "created"}
 # Sized so that 80 columns show everything up to the date; the host gets what is left.
 RUN_COLUMNS = [
-    Column("mark", " ", 1), Column("id", "run", 5, "right"), Column("status", "", 1), Column("task", "task", 15),
-    Column("model", "model", 14), Column("speedup", "speedup", 8, "right"), Column("cand", "cand", 8, "right"),
+    Column("mark", " ", 1), Column("id", "run", 5, "right"), Column("status", "", 1), Column("task", "task", 15, grow_to=30),
+    Column("model", "model", 14, grow_to=30), Column("speedup", "speedup", 8, "right"), Column("cand", "cand", 8, "right"),
     Column("base", "base", 8, "right"), Column("when", "when", 11), Column("host", "host", 12),
 ]
 BOARD_COLUMNS = [
-    Column("model", "model", 22), Column("tasks", "tasks", 5, "right"), Column("correct", "correct", 7, "right"),
+    Column("model", "model", 22, grow_to=40), Column("tasks", "tasks", 5, "right"), Column("correct", "correct", 7, "right"),
     Column("fast_1", "fast_1", 7, "right"), Column("fast_1_5", "fast_1.5", 8, "right"),
     Column("geomean", "geomean speedup", 15, "right"), Column("rest", "", 0),
 ]
@@ -53,7 +59,7 @@ BOARD_COLUMNS = [
 
 def leaderboard_rows(board: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """The leaderboard as the table shows it: counts out of the tasks each model ran."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for entry in board:
         tasks = entry["tasks"]
         geomean = entry["geomean_speedup"]
@@ -73,6 +79,7 @@ class HistoryScreen(Screen):
         Binding("b", "toggle_board", "Leaderboard"),
         Binding("e", "toggle_basis", "Speedup: eager/graph"),
         Binding("f", "filters", "Filters"),
+        Binding("d", "delete", "Delete"),
         Binding("escape", "focus_table", "Table", show=False),
     ]
 
@@ -91,7 +98,7 @@ class HistoryScreen(Screen):
         self._board_stale = True
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:
@@ -313,6 +320,31 @@ class HistoryScreen(Screen):
                 table.update_row(index, self._row(self._runs[rid]))
         table.cursor += 1
         self._update_title()
+
+    def action_delete(self) -> None:
+        """Delete the marked runs, else the highlighted one, after asking."""
+        from pkb_tui.app.screens.confirm import ConfirmScreen
+
+        current = self.highlighted()
+        ids = list(self.marked) or ([current] if current is not None else [])
+        if not ids:
+            return
+        names = ", ".join(f"#{i}" for i in ids)
+
+        def answered(yes: bool | None) -> None:
+            if not yes:
+                return
+            try:
+                self.pkb.delete_runs(ids)
+            except PkbError as exc:
+                self.notify(str(exc), title="Cannot delete", severity="error", timeout=10)
+                return
+            self.marked = []
+            self.notify(f"Deleted run {names}.", title="History")
+            self.reload()
+
+        self.pkb.show(ConfirmScreen(f"Delete run {names} with its results, trials, kernels and samples? "
+                                    "This cannot be undone.", yes="Delete", no="Keep"), answered)
 
     def action_compare(self) -> None:
         pair = list(self.marked)

@@ -1,7 +1,10 @@
 """Launch: pick tasks and models, set the run options, queue the batch.
 
-Opens on the tasks list. Space marks tasks (none marked: the highlighted one runs), `/` filters by
-text, `f` cycles the family, `r` or Enter launches tasks x models.
+Opens on the tasks list. Space marks or unmarks the highlighted task and stays on it (none marked:
+the highlighted one runs); `a` marks every listed task. `/` filters by task id and family (start the
+filter with `?` to search titles and sources too), `f` cycles the family. Only `r` launches tasks x
+models: Enter on the list never does. Options and marks are kept in a preset file next to the
+database (app/preset.py), so the next session starts where this one left off.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.coordinate import Coordinate
 from textual.screen import Screen
 from textual.widgets import Checkbox, DataTable, Input, Label, Select, SelectionList, Static
 
-from pkb_tui.app.widgets.keybar import KeyBar
+from pkb_tui.app import preset
 from pkb_tui.app.catalog import Catalog, TaskInfo
 from pkb_tui.app.format import STATUS_STYLES, fmt_speedup, status_mark, truncate
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.widgets.nav import NavBar
+from pkb_tui.app.widgets.toggles import TickBox, TickList
+from pkb_tui.engine.modes import DTYPES, MODE_CHOICES
 from pkb_tui.engine.request import RunRequest
 
 if TYPE_CHECKING:
@@ -27,14 +34,16 @@ if TYPE_CHECKING:
 
 ALL = "all"
 WORLD_SIZES = (1, 2, 3, 4, 6, 8)
-MODES = ("auto", "cpu", "shared-gpu", "nccl")
-DTYPES = ("float32", "bfloat16", "float16", "float64")
 SIZES = ("small", "default", "large")
+MARKED, UNMARKED = "☒ ", "☐ "  # a crossed and an empty box: marked tasks differ by shape, not colour alone
+OTHER_COLUMNS_WIDTH = 5 + 9 + 10 + 4 * 2  # ranks, last, family, and each column's padding
+MIN_TITLE_WIDTH = 20  # below this the title column is left out (the line under the list has it)
+DESCRIPTIONS = "?"  # a filter starting with this searches titles and sources too
 
 
 class LaunchScreen(Screen):
     BINDINGS = [
-        Binding("space", "toggle_task", "Mark"),
+        Binding("space", "toggle_task", "Mark/unmark"),
         Binding("a", "toggle_all", "Mark all"),
         Binding("r", "launch", "Run"),
         Binding("slash", "focus_filter", "Filter", key_display="/"),
@@ -47,31 +56,36 @@ class LaunchScreen(Screen):
         super().__init__()
         self.marked: set[str] = set()
         self.catalog: Catalog | None = None
+        self._preset: dict = {}
+        self.defaults: dict = {}  # the options shown first: the app's, over the saved preset
         self._data_version: int | None = None
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:
-        defaults = self.pkb.config.defaults
+        # The preset saved by the last launch, under what the app was given (tests pin that).
+        self._preset = preset.load(self.pkb.config.db_path)
+        defaults = self.defaults = {**self._preset, **self.pkb.config.defaults}
+        self.marked = set(defaults.get("marked") or [])
         yield NavBar("launch")
         with Horizontal(id="launch-body"):
             with Vertical(id="tasks-pane"):
                 with Horizontal(id="task-filter-row"):
-                    yield Input(placeholder="/ filter tasks", id="task-filter", compact=True)
+                    yield Input(placeholder="/ id or family (?…: titles too)", id="task-filter", compact=True)
                     yield Select([(ALL, ALL)], value=ALL, allow_blank=False, id="family", compact=True)
                 yield DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
                 yield Static("loading the tasks…", id="task-detail")
             with Vertical(id="side-pane"):
                 yield Label("Models [dim](space marks)[/]", classes="pane-title")
-                yield SelectionList[str](id="models", compact=True)
+                yield TickList(id="models", compact=True)
                 yield Label("Options", classes="pane-title")
                 yield _option("world size", Select(
                     [(str(n), n) for n in WORLD_SIZES], value=defaults.get("world_size", 2), allow_blank=False,
                     id="world-size", compact=True))
                 yield _option("mode", Select(
-                    [(m, m) for m in MODES], value=defaults.get("mode", "auto"), allow_blank=False,
+                    [(m, m) for m in MODE_CHOICES], value=defaults.get("mode", "auto"), allow_blank=False,
                     id="mode", compact=True))
                 yield _option("dtype", Select(
                     [(d, d) for d in DTYPES], value=defaults.get("dtype", "float32"), allow_blank=False,
@@ -81,11 +95,14 @@ class LaunchScreen(Screen):
                     id="size", compact=True))
                 yield _option("trials", Input(
                     str(defaults.get("trials", 3)), type="integer", id="trials", compact=True))
-                yield Checkbox("timing", value=defaults.get("timing", True), id="timing", compact=True)
+                yield TickBox("timing", value=defaults.get("timing", True), id="timing", compact=True)
+                yield TickBox("oversubscribe", value=defaults.get("oversubscribe", False), id="oversubscribe",
+                               compact=True, tooltip="more ranks than this box's CPU cores / GPUs")
                 yield Static("", id="launch-summary")
         yield KeyBar()
 
     def on_mount(self) -> None:
+        self._task_width = self._title_width = 0
         self._add_columns(20)
         self.query_one("#tasks", DataTable).focus()
         if self.pkb.catalog is not None:
@@ -93,15 +110,40 @@ class LaunchScreen(Screen):
         else:
             self._load_catalog()
 
-    def _add_columns(self, task_width: int) -> None:
-        # Fixed widths (a DataTable column never shrinks once a long id was seen). Family goes
-        # last: at 80 columns it is the one cut, and the line under the list shows it anyway.
+    def _fit_columns(self) -> bool:
+        """The task column as wide as the longest id, but never so wide that family is cut: on a
+        narrow terminal long ids end in an ellipsis (the line under the list names the task)."""
+        longest = len(MARKED) + max((len(t.id) for t in (self.catalog.tasks if self.catalog else [])), default=10)
+        # The region inside the scrollbar, when the list is long enough to have one.
+        available = self.query_one("#tasks", DataTable).scrollable_content_region.width - OTHER_COLUMNS_WIDTH
+        width = max(12, min(longest, available)) if available > 0 else longest
+        title_width = available - width - 2 if available - width - 2 >= MIN_TITLE_WIDTH else 0
+        if (width, title_width) == (self._task_width, self._title_width):
+            return False
+        self._task_width = width
+        self._add_columns(width, title_width)
+        return True
+
+    def on_resize(self) -> None:
+        if self.catalog is not None:
+            self.call_after_refresh(self._refit)
+
+    def _refit(self) -> None:
+        if self._fit_columns():
+            self._refill_tasks()
+
+    def _add_columns(self, task_width: int, title_width: int = 0) -> None:
+        # Fixed widths (a DataTable column never shrinks once a long id was seen). A wide terminal
+        # also gets each task's title, in what is left after family.
         table = self.query_one("#tasks", DataTable)
         table.clear(columns=True)
         table.add_column("  task", key="task", width=task_width)
         table.add_column("ranks", key="ranks", width=5)
         table.add_column("last", key="last", width=9)
         table.add_column("family", key="family", width=10)
+        self._title_width = title_width
+        if title_width:
+            table.add_column("title", key="title", width=title_width)
 
     def on_screen_resume(self) -> None:
         # The "last" column may have changed if a run finished meanwhile.
@@ -130,7 +172,7 @@ class LaunchScreen(Screen):
         family.value = ALL
         models = self.query_one("#models", SelectionList)
         models.clear_options()
-        wanted = self.pkb.config.defaults.get("models")
+        wanted = self.defaults.get("models")
         if wanted is None:  # the solution set covering the most tasks, else the baseline self-check
             real = sorted((m for m in catalog.models if m.name != "baseline" and m.covered), key=lambda m: -m.covered)
             wanted = [real[0].name] if real else ["baseline"]
@@ -139,20 +181,25 @@ class LaunchScreen(Screen):
             models.add_option((label, model.name, model.name in wanted))
         if catalog.problem:
             self.notify(catalog.problem, title="Task catalogue", severity="warning", timeout=10)
-        self._add_columns(min(24, 2 + max((len(t.id) for t in catalog.tasks), default=10)))
+        self.marked &= {t.id for t in catalog.tasks}  # a preset may name tasks that are gone
+        self._fit_columns()
         self._refill_tasks()
+        self.on_resize()  # again once the rows are in: a long list brings a scrollbar
 
     # ------------------------------------------------------------------ the tasks table
     def visible_tasks(self) -> list[TaskInfo]:
         if self.catalog is None:
             return []
         text = self.query_one("#task-filter", Input).value.strip().lower()
+        everywhere = text.startswith(DESCRIPTIONS)
+        text = text.removeprefix(DESCRIPTIONS).strip()
         family = self.query_one("#family", Select).value
         out = []
         for task in self.catalog.tasks:
             if family not in (ALL, Select.BLANK) and task.family != family:
                 continue
-            if text and text not in f"{task.id} {task.title} {task.source} {task.family}".lower():
+            haystack = f"{task.id} {task.family}" + (f" {task.title} {task.source}" if everywhere else "")
+            if text and text not in haystack.lower():
                 continue
             out.append(task)
         return out
@@ -161,7 +208,7 @@ class LaunchScreen(Screen):
         table = self.query_one("#tasks", DataTable)
         keep = None
         if table.row_count and table.cursor_row is not None and table.cursor_row < table.row_count:
-            keep = table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+            keep = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
         latest = self.pkb.store.latest_run_per_task()
         table.clear()
         for task in self.visible_tasks():
@@ -172,8 +219,9 @@ class LaunchScreen(Screen):
         self._update_summary()
 
     def _task_cell(self, task_id: str) -> Text:
-        text = Text.assemble(("✓ ", "bold green"), (task_id, "bold")) if task_id in self.marked else Text(f"  {task_id}")
-        text.truncate(24, overflow="ellipsis")
+        text = (Text.assemble((MARKED, "bold magenta"), (task_id, "bold")) if task_id in self.marked
+                else Text.assemble((UNMARKED, "dim"), task_id))
+        text.truncate(self._task_width or 30, overflow="ellipsis")
         return text
 
     def _row(self, task: TaskInfo, last: dict | None) -> tuple:
@@ -183,21 +231,20 @@ class LaunchScreen(Screen):
             status = last["status"]
             figure = fmt_speedup(last["speedup"]) if last["speedup"] is not None else status
             last_text = Text(f"{status_mark(status)} {figure}", style=STATUS_STYLES.get(status, ""))
-        return (self._task_cell(task.id), task.world_sizes_label, last_text, task.family)
+        row = (self._task_cell(task.id), task.world_sizes_label, last_text, task.family)
+        if self._title_width:
+            return (*row, Text(task.title, style="dim", no_wrap=True, overflow="ellipsis"))
+        return row
 
     def highlighted_task(self) -> str | None:
         table = self.query_one("#tasks", DataTable)
         if not table.row_count:
             return None
-        return table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value
+        return table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
 
     @on(DataTable.RowHighlighted, "#tasks")
     def _highlighted(self) -> None:
         self._update_detail()
-
-    @on(DataTable.RowSelected, "#tasks")
-    def _selected(self) -> None:
-        self.action_launch()
 
     def _update_detail(self) -> None:
         detail = self.query_one("#task-detail", Static)
@@ -222,18 +269,28 @@ class LaunchScreen(Screen):
     def chosen_models(self) -> list[str]:
         return list(self.query_one("#models", SelectionList).selected)
 
+    def planned_runs(self) -> tuple[int, int]:
+        """(runs the engine will start, task x model pairs left out for want of a solution)."""
+        tasks, models = self.chosen_tasks(), self.chosen_models()
+        infos = {m.name: m for m in (self.catalog.models if self.catalog else [])}
+        runs = sum(1 for t in tasks for m in models if m not in infos or infos[m].covers(t))
+        return runs, len(tasks) * len(models) - runs
+
     def _update_summary(self) -> None:
         tasks, models = self.chosen_tasks(), self.chosen_models()
         summary = self.query_one("#launch-summary", Static)
         if not tasks:
             summary.update(Text("no task", style="dim"))
             return
-        what = f"{len(tasks)} task{'s' * (len(tasks) != 1)}" if self.marked else tasks[0]
-        runs = len(tasks) * len(models)
-        summary.update(Text.assemble(
+        what = f"{len(tasks)} marked task{'s' * (len(tasks) != 1)}" if self.marked else tasks[0]
+        runs, missing = self.planned_runs()
+        text = Text.assemble(
             (f"{what} × {len(models)} model{'s' * (len(models) != 1)} = {runs} run{'s' * (runs != 1)}", "bold"),
-            ("\nr: run", "dim"),
-        ))
+        )
+        if missing:
+            text.append(f"\n{missing} pair{'s' * (missing != 1)} without a solution left out", style="dim")
+        text.append("\nr: run", style="dim")
+        summary.update(text)
 
     @on(SelectionList.SelectedChanged, "#models")
     def _models_changed(self) -> None:
@@ -256,10 +313,8 @@ class LaunchScreen(Screen):
         if task is None:
             return
         self.marked ^= {task}
-        table = self.query_one("#tasks", DataTable)
-        table.update_cell(task, "task", self._task_cell(task))
-        if table.cursor_row < table.row_count - 1:
-            table.move_cursor(row=table.cursor_row + 1)
+        # The cursor stays on the task: marking is one key, moving another.
+        self.query_one("#tasks", DataTable).update_cell(task, "task", self._task_cell(task))
         self._update_summary()
 
     def action_toggle_all(self) -> None:
@@ -300,14 +355,15 @@ class LaunchScreen(Screen):
         mode = self.query_one("#mode", Select).value
         request = RunRequest(
             tasks=tasks, models=models,
-            world_size=int(self.query_one("#world-size", Select).value),
+            world_size=int(cast(int, self.query_one("#world-size", Select).value)),
             mode=None if mode == "auto" else str(mode),
             dtype=str(self.query_one("#dtype", Select).value),
             size=str(self.query_one("#size", Select).value),
             trials=trials,
             timing=self.query_one("#timing", Checkbox).value,
+            oversubscribe=self.query_one("#oversubscribe", Checkbox).value,
         )
-        for key in ("timeout_s", "iterations", "warmup", "profile", "telemetry"):
+        for key in ("timeout_s", "iterations", "warmup", "profile"):
             if key in self.pkb.config.defaults:
                 setattr(request, key, self.pkb.config.defaults[key])
         return request
@@ -315,8 +371,16 @@ class LaunchScreen(Screen):
     def action_launch(self) -> None:
         request = self.request()
         if request is not None and self.pkb.launch(request):
-            self.marked.clear()
-            self._refill_tasks()
+            # Marks stay (a batch is often run again); the options and marks outlive the session.
+            self.save_preset(request)
+
+    def save_preset(self, request: RunRequest) -> None:
+        preset.save(self.pkb.config.db_path, {
+            "world_size": request.world_size, "mode": request.mode or "auto", "dtype": request.dtype,
+            "size": request.size, "trials": request.trials, "timing": request.timing,
+            "oversubscribe": request.oversubscribe,
+            "models": list(request.models), "marked": sorted(self.marked),
+        })
 
 
 def _option(label: str, widget) -> Horizontal:

@@ -11,12 +11,13 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
+from textual.coordinate import Coordinate
+from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Label, Static
 
-from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import STATUS_STYLES, fmt_duration, fmt_fraction, fmt_us, status_mark, truncate
 from pkb_tui.app.live_state import LiveState
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.widgets.log_tail import LogTail
 from pkb_tui.app.widgets.nav import NavBar
 from pkb_tui.app.widgets.telemetry import TelemetryPanel
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
 
 KERNEL_ROWS = 12
+KERNEL_FIGURES_WIDTH = 4 + 2 + 5 + 8 + 5  # variant, rank, calls, total, share
+KERNEL_EXTRA_WIDTH = 13 + 8  # kind, mean: shown when the name still gets KERNEL_NAME_WIDE
+KERNEL_NAME_WIDE = 32
 
 
 class LiveScreen(Screen):
@@ -43,7 +47,7 @@ class LiveScreen(Screen):
         self._log_paths: dict[int, str | None] = {}
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:
@@ -67,10 +71,8 @@ class LiveScreen(Screen):
         runs.add_column("task", key="task")
         runs.add_column("model", key="model")
         runs.add_column("run", key="run")
-        kernels = self.query_one("#live-kernels", DataTable)
-        for label, key in (("var", "variant"), ("rk", "rank"), ("kernel", "name"), ("kind", "category"),
-                           ("calls", "calls"), ("total", "total"), ("mean", "mean"), ("share", "share")):
-            kernels.add_column(label, key=key)
+        self._kernel_layout: tuple[int, bool] | None = None  # (name width, with kind and mean)
+        self._fit_kernel_columns()
         self._timer = self.set_interval(self.pkb.config.live_refresh_s, self.tick)
         self.tick()
 
@@ -79,7 +81,10 @@ class LiveScreen(Screen):
         self.tick()
 
     def on_screen_suspend(self) -> None:
-        self._timer.pause()  # nothing to draw while another screen is shown
+        # Under a dialog (the quit question) Live stays in view: keep it moving. Under a full
+        # screen there is nothing to draw.
+        if not isinstance(self.app.screen, ModalScreen):
+            self._timer.pause()
 
     # ------------------------------------------------------------------ refresh
     def tick(self) -> None:
@@ -114,7 +119,7 @@ class LiveScreen(Screen):
             first.append(f" · {line.model}")
             if line.run_id is not None:
                 first.append(f"  run #{line.run_id}", style="dim")
-            first.append(f"  ({state.current_item + 1}/{len(state.runs)})", style="dim")
+            first.append(f"  ({(state.current_item or 0) + 1}/{len(state.runs)})", style="dim")
         elif state.running:
             first.append("▶ starting the ranks…", style="bold")
         else:
@@ -160,15 +165,53 @@ class LiveScreen(Screen):
         if table.row_count:
             table.move_cursor(row=min(cursor, table.row_count - 1))
 
+    def _fit_kernel_columns(self) -> bool:
+        """Fixed columns for the figures, the kernel's name in what is left; kind and mean only
+        where there is room (at 80 columns: variant, rank, name, calls, total, share)."""
+        table = self.query_one("#live-kernels", DataTable)
+        room = table.scrollable_content_region.width or 40
+        narrow = KERNEL_FIGURES_WIDTH + 6 * 2
+        wide = narrow + KERNEL_EXTRA_WIDTH + 2 * 2
+        full = room - wide >= KERNEL_NAME_WIDE
+        name_width = max(8, room - (wide if full else narrow))
+        if self._kernel_layout == (name_width, full):
+            return False
+        self._kernel_layout = (name_width, full)
+        table.clear(columns=True)
+        columns = [("v", "variant", 4), ("rk", "rank", 2), ("kernel", "name", name_width)]
+        if full:
+            columns.append(("kind", "category", 13))
+        columns += [("calls", "calls", 5), ("total", "total", 8)]
+        if full:
+            columns.append(("mean", "mean", 8))
+        columns.append(("share", "share", 5))
+        for label, key, width in columns:
+            table.add_column(label, key=key, width=width)
+        return True
+
+    def on_resize(self) -> None:
+        def refit() -> None:
+            if self._fit_kernel_columns():
+                self._draw_kernels(self.pkb.batch.state)
+
+        self.call_after_refresh(refit)
+
     def _draw_kernels(self, state: LiveState) -> None:
         table = self.query_one("#live-kernels", DataTable)
         table.clear()
+        name_width, full = self._kernel_layout or (32, True)
         for kernel in state.kernels[:KERNEL_ROWS]:
-            table.add_row(
+            cells: list = [
                 "cand" if kernel.get("variant") == "candidate" else "base", str(kernel.get("rank", "")),
-                truncate(str(kernel.get("name", "")), 32), kernel.get("category", ""), str(kernel.get("calls", "")),
-                fmt_us(kernel.get("total_us")), fmt_us(kernel.get("mean_us")), fmt_fraction(kernel.get("share_fraction")),
-            )
+                truncate(str(kernel.get("name", "")), name_width),
+            ]
+            if full:
+                cells.append(kernel.get("category", ""))
+            cells += [str(kernel.get("calls", "")), fmt_us(kernel.get("total_us"))]
+            if full:
+                cells.append(fmt_us(kernel.get("mean_us")))
+            cells.append(fmt_fraction(kernel.get("share_fraction")))
+            table.add_row(*cells)
         if not state.kernels:
             self.query_one("#live-kernels-pane Label", Label).update("Kernels (after timing)")
         else:
@@ -212,7 +255,7 @@ class LiveScreen(Screen):
         state = self.pkb.batch.state
         line = None
         if table.row_count:
-            item = int(table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value)
+            item = int(table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value or -1)
             line = state.line_for(item, None)
         if line is None or line.run_id is None:
             self.notify("That run has not started yet.", severity="warning")

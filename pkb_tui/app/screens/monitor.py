@@ -34,7 +34,7 @@ class MonitorScreen(Screen):
         self.paused = False
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:

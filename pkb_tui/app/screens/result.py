@@ -16,13 +16,24 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Static
 
-from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.format import (
-    NA, STATUS_STYLES, bar, correct_mark, fmt_bytes, fmt_error, fmt_fraction, fmt_gbps, fmt_speedup, fmt_time,
-    fmt_us, speedup_gauge, status_label,
+    NA,
+    STATUS_STYLES,
+    bar,
+    correct_mark,
+    fmt_bytes,
+    fmt_error,
+    fmt_fraction,
+    fmt_gbps,
+    fmt_speedup,
+    fmt_time,
+    fmt_us,
+    speedup_gauge,
+    status_label,
 )
 from pkb_tui.app.widgets.chart import PlotextChart
 from pkb_tui.engine.modes import CPU_MODE_LABEL
+from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.errors import PkbError
 
 if TYPE_CHECKING:
@@ -138,7 +149,7 @@ def comparison_table(run: dict[str, Any]) -> Table:
     table.add_column("", style="bold", no_wrap=True, width=10)
     for variant in VARIANTS:
         table.add_column(variant, ratio=1, overflow="fold")
-    rows: list[tuple[str, Any, Any]] = []
+    rows: list[tuple[Any, ...]] = []  # (label, baseline cell, candidate cell)
     cells = {v: results.get(v) for v in VARIANTS}
     rows.append(("correct", *(correctness_cell(cells[v]) for v in VARIANTS)))
     picked = next((c.get("timing_method") for c in cells.values() if c and c.get("eager_median_us") is not None), None)
@@ -197,6 +208,19 @@ def verdicts_note(run: dict[str, Any]) -> Text | None:
     other_passed = judged_passed + sum(1 if not t["correct"] else -1 for t in differing)
     return Text(f"verdicts differ: {judge} (judging) {judged_passed}/{len(trials)} trials, "
                 f"{other} {other_passed}/{len(trials)}", style="yellow")
+
+
+def kernels_coverage(run: dict[str, Any]) -> str:
+    """What the kernel table's calls and totals cover: how many profiled calls, which rank."""
+    from collectors.profiler import PROFILE_CALLS
+
+    kernels = run.get("kernels") or []
+    if not kernels:
+        return ""
+    ranks = sorted({k["rank"] for k in kernels})
+    shown = "rank 0" if 0 in ranks else f"rank {ranks[0]}"
+    return (f"{shown} over {PROFILE_CALLS} profiled calls per variant (of {len(ranks)} rank(s) profiled; "
+            "`pkb-tui show` lists them all)")
 
 
 def kernels_table(run: dict[str, Any]) -> Table | Text:
@@ -289,7 +313,7 @@ class ResultScreen(Screen):
         self.chart_kind = "timing"
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:
@@ -312,7 +336,7 @@ class ResultScreen(Screen):
             return
         self.run = run
         head = [run_title(run), Text(run_settings(run, utc=self.pkb.config.utc), style="dim")]
-        if run.get("status") in ("error", "timeout", "interrupted", "failed") and run.get("status_detail"):
+        if run.get("status") != "passed" and run.get("status_detail"):
             head.append(Text(f"‼ {run['status_detail']}", style="red"))
         if run.get("mode") == "cpu":
             head.append(Text(f"⚠ {CPU_MODE_LABEL}: gloo on a shared CPU, no roofline or bus bandwidth", style="yellow"))
@@ -335,7 +359,10 @@ class ResultScreen(Screen):
         note = verdicts_note(run)
         self.query_one("#result-trials", Static).update(Group(
             Text("Trials", style="bold underline"), *([note] if note else []), trials_table(run)))
-        self.query_one("#result-kernels", Static).update(Group(Text("Top kernels", style="bold underline"), kernels_table(run)))
+        self.query_one("#result-kernels", Static).update(Group(
+            Text.assemble(("Top kernels", "bold underline"), *([(f"  {cover}", "dim")] if (cover := kernels_coverage(run)) else [])),
+            kernels_table(run),
+        ))
         self._draw_chart()
 
     def _draw_chart(self) -> None:

@@ -21,7 +21,10 @@ class NavBar(Widget):
         self.current = current
 
     def on_mount(self) -> None:
-        self.watch(self.app, "batch_summary", lambda _: self.refresh())
+        self.watch(self.app, "batch_summary", lambda _: self._summary_changed())
+
+    def _summary_changed(self) -> None:
+        self.refresh()
 
     def render(self) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")

@@ -31,6 +31,7 @@ class Column:
     label: str
     width: int  # cells; the last column takes what is left
     justify: str = "left"
+    grow_to: int = 0  # on a wide screen the column widens up to this many cells (0: fixed)
 
 
 class RowList(ScrollView, can_focus=True):
@@ -54,24 +55,24 @@ class RowList(ScrollView, can_focus=True):
     cursor: reactive[int] = reactive(0, always_update=True)
 
     class Highlighted(Message):
-        def __init__(self, row_list: "RowList", index: int) -> None:
+        def __init__(self, row_list: RowList, index: int) -> None:
             super().__init__()
             self.row_list, self.index = row_list, index
 
         @property
-        def control(self) -> "RowList":
+        def control(self) -> RowList:
             return self.row_list
 
     class Selected(Highlighted):
         pass
 
     class HeaderClicked(Message):
-        def __init__(self, row_list: "RowList", column: str) -> None:
+        def __init__(self, row_list: RowList, column: str) -> None:
             super().__init__()
             self.row_list, self.column = row_list, column
 
         @property
-        def control(self) -> "RowList":
+        def control(self) -> RowList:
             return self.row_list
 
     def __init__(self, columns: list[Column], *, id: str | None = None) -> None:
@@ -154,11 +155,11 @@ class RowList(ScrollView, can_focus=True):
     def on_click(self, event: Click) -> None:
         if event.y == 0:
             x = 0
-            for column in self.columns:
-                if x <= event.x < x + column.width + 1:
+            for column, width in zip(self.columns, self._widths(self.size.width), strict=True):
+                if x <= event.x < x + width + 1:
                     self.post_message(self.HeaderClicked(self, column.key))
                     return
-                x += column.width + 1
+                x += width + 1
             return
         index = int(self.scroll_offset.y) + event.y - 1
         if 0 <= index < len(self.rows):
@@ -170,6 +171,18 @@ class RowList(ScrollView, can_focus=True):
     # ------------------------------------------------------------------ drawing
     def _widths(self, width: int) -> list[int]:
         widths = [c.width for c in self.columns]
+        # Room beyond the natural widths widens the growing columns (long task and model names)
+        # first, evenly, each up to its grow_to; the last column takes the rest.
+        spare = width - (sum(widths) + len(widths) - 1)
+        growing = [i for i, c in enumerate(self.columns[:-1]) if c.grow_to > c.width]
+        while spare > 0 and growing:
+            step = max(1, spare // len(growing))
+            for i in list(growing):
+                add = min(step, self.columns[i].grow_to - widths[i], spare)
+                widths[i] += add
+                spare -= add
+                if widths[i] >= self.columns[i].grow_to:
+                    growing.remove(i)
         used = sum(widths[:-1]) + len(widths) - 1
         widths[-1] = max(widths[-1], width - used)
         return widths
@@ -187,7 +200,7 @@ class RowList(ScrollView, can_focus=True):
                 segments.append(Segment("".join(plain), style))
                 plain.clear()
 
-        for column, cell_width, cell in zip(self.columns, self._widths(width), cells):
+        for column, cell_width, cell in zip(self.columns, self._widths(width), cells, strict=False):
             right = column.justify == "right"
             if isinstance(cell, Text):
                 text = cell

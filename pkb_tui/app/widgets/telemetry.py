@@ -106,7 +106,7 @@ class TelemetryPanel(Widget):
         # One scale for every GPU, so rows compare at a glance.
         top = max([_max(tx) for tx, _ in series.values()] + [_max(rx) for _, rx in series.values()] + [0.0])
         link_top = max(
-            (max((l.tx_bytes_per_s or 0.0) + (l.rx_bytes_per_s or 0.0) for l in latest[g].links) for g in gpus if latest[g].links),
+            (max((s.tx_bytes_per_s or 0.0) + (s.rx_bytes_per_s or 0.0) for s in latest[g].links) for g in gpus if latest[g].links),
             default=0.0,
         )
         for gpu in gpus:
@@ -162,9 +162,9 @@ def _gb(value: float | None, width: int = 5) -> str:
 
 def _link_strip(links: list, top: float) -> str:
     return "".join(
-        level_char(None if (l.tx_bytes_per_s is None and l.rx_bytes_per_s is None)
-                   else (l.tx_bytes_per_s or 0.0) + (l.rx_bytes_per_s or 0.0), top)
-        for l in links
+        level_char(None if (link.tx_bytes_per_s is None and link.rx_bytes_per_s is None)
+                   else (link.tx_bytes_per_s or 0.0) + (link.rx_bytes_per_s or 0.0), top)
+        for link in links
     )
 
 

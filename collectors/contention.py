@@ -1,0 +1,82 @@
+"""Is anything else timing on this box? Two batches on one machine time each other: before a batch
+starts, say what else runs (another pkb-tui batch, processes on the GPUs, a busy CPU); after it,
+the host's load during the run goes into the run's notes, so a slow figure can be explained.
+
+No Textual here: the CLI and the dashboard both call it. Every NVML question goes through the
+gateway (collectors.nvml.Nvml), so a box without NVML just has nothing to say about GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+WORKER_MODULE = "pkb_tui.engine.worker"
+BUSY_LOAD_FRACTION = 0.5  # a 1-minute load average above half the cores means ranks will queue
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _ancestors(pid: int) -> set[int]:
+    out: set[int] = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat.rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
+
+
+def other_batch_ranks(me: int | None = None) -> list[int]:
+    """pids of pkb-tui rank processes on this host that are not this process's own."""
+    me = os.getpid() if me is None else me
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me and WORKER_MODULE in _cmdline(int(entry)):
+            if me not in _ancestors(int(entry)):
+                found.append(int(entry))
+    return sorted(found)
+
+
+def competing_load(*, nvml_factory: Callable[[], Any] | None = None, load_average: Callable[[], float] | None = None,
+                   me: int | None = None) -> list[str]:
+    """Sentences naming what else is running that would skew a batch's timings; [] when nothing."""
+    me = os.getpid() if me is None else me
+    warnings = []
+    ranks = other_batch_ranks(me)
+    if ranks:
+        warnings.append(f"another pkb-tui batch is running on this host ({len(ranks)} rank process(es), pid "
+                        f"{', '.join(map(str, ranks[:4]))}{'…' if len(ranks) > 4 else ''}); the two will time each other")
+    if nvml_factory is None:
+        from collectors.nvml import Nvml
+
+        nvml_factory = Nvml
+    with nvml_factory() as nvml:
+        gpu_pids = {pid for pid in nvml.compute_pids() if pid not in ranks and me not in _ancestors(pid)}
+    if gpu_pids:
+        warnings.append(f"{len(gpu_pids)} other process(es) use the GPUs (pid {', '.join(map(str, sorted(gpu_pids)[:4]))})")
+    load = (load_average or (lambda: os.getloadavg()[0]))()
+    cores = cpu_count()
+    if load > BUSY_LOAD_FRACTION * cores:
+        warnings.append(f"the CPU is busy (1-minute load average {load:.1f} on {cores} core(s))")
+    return warnings
+
+
+def host_load_note(started_load: float | None = None) -> str:
+    """A run note: the host's load averages at the end of the batch (and at its start, if given)."""
+    one, five, _ = os.getloadavg()
+    start = f", {started_load:.1f} at the start" if started_load is not None else ""
+    return f"host load during the batch: 1-minute load average {one:.1f} at the end{start} (5-minute {five:.1f}) on {cpu_count()} core(s)"

@@ -1,0 +1,130 @@
+"""A launch that fails shows the failed rank's own exception, never torchrun's wrapper traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pkb_tui.engine.logs import RANKS_DID_NOT_START, first_failed_rank, launch_failure_detail, rank_failure
+from pkb_tui.store import Store
+from tests.conftest import fixture_model
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = ("--trials", "1", "--iterations", "2", "--warmup", "1", "--no-profile")
+
+# torchrun 2.13's output when rank 1 raised at start-up (its wrapper traceback and summary after it).
+TORCHRUN_OUTPUT = """\
+=== launch 1: python -m torch.distributed.run ...
+hello from 0
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/x/worker.py", line 7, in <module>
+[rank0]: something rank 0 said
+[rank1]:     inner()
+[rank1]: RuntimeError: Numpy is not available
+W1203 08:29:53.547000 7939 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 7960 closing signal SIGTERM
+E1203 08:29:53.549000 7939 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1032, in <module>
+    main()
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+pkb_tui.engine.worker FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-03_08:29:53
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 7960)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_08:29:53
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 7961)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_the_root_cause_rank_and_its_exception_come_from_launch_log(tmp_path: Path) -> None:
+    (tmp_path / "launch.log").write_text("=== launch 0: an earlier launch\nRuntimeError: old news\n" + TORCHRUN_OUTPUT)
+    assert first_failed_rank(TORCHRUN_OUTPUT) == (1, 1)
+    failure = rank_failure(tmp_path, items=[0])
+    assert failure.rank == 1 and failure.exit_code == 1
+    assert failure.lines[-1] == "RuntimeError: Numpy is not available"
+    assert not any("rank 0 said" in line or "ChildFailedError" in line or "old news" in line for line in failure.lines)
+    assert failure.headline == "rank 1 failed (exit code 1): RuntimeError: Numpy is not available"
+
+
+def test_a_rank_log_of_this_launch_wins_over_launch_log_and_older_items_are_ignored(tmp_path: Path) -> None:
+    (tmp_path / "launch.log").write_text(TORCHRUN_OUTPUT)
+    (tmp_path / "item000.rank1.log").write_text("Traceback (most recent call last):\nValueError: from an earlier launch\n")
+    (tmp_path / "item003.rank1.log").write_text(
+        "some output\nTraceback (most recent call last):\n  File \"cand.py\", line 3\nKeyError: 'peer_ptr'\n"
+    )
+    (tmp_path / "item003.rank0.log").write_text("Traceback (most recent call last):\nOSError: rank 0's own\n")
+    detail = launch_failure_detail(tmp_path, 1, items=[3, 4])
+    first = detail.splitlines()[0]
+    assert first == "a rank process died (torchrun exit code 1): rank 1 failed (exit code 1): KeyError: 'peer_ptr'"
+    assert "item003.rank1.log" in detail and "earlier launch" not in detail and "rank 0's own" not in detail
+
+
+def _cli(*args: str, extra_path: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [extra_path, str(REPO)])), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "pkb_tui.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=REPO)
+
+
+def test_ranks_that_cannot_start_are_a_harness_failure_showing_the_ranks_exception(tmp_path: Path) -> None:
+    # The newcomer's first run: numpy missing, so torch.distributed's object gathers fail on every rank.
+    hidden = tmp_path / "hide-numpy"
+    (hidden / "numpy").mkdir(parents=True)
+    (hidden / "numpy" / "__init__.py").write_text(
+        "raise ModuleNotFoundError('No module named numpy (hidden by the test)', name='numpy')\n"
+    )
+    db = tmp_path / "runs.db"
+    result = _cli("--db", str(db), "--runs-dir", str(tmp_path / "runs"), "run", "--task", "all_reduce",
+                  "--model", "baseline", "--mode", "cpu", *FAST, extra_path=str(hidden))
+    assert result.returncode == 3, result.stderr
+    assert "RuntimeError: Numpy is not available" in result.stdout
+    with Store(db) as store:
+        run = store.run(1)
+    detail = run["status_detail"]
+    assert detail.startswith(RANKS_DID_NOT_START)
+    assert detail.splitlines()[0].endswith("RuntimeError: Numpy is not available")
+    assert "ChildFailedError" not in detail and "torch/distributed/run.py" not in detail
+    assert Path(run["log_path"]).parent.parent == tmp_path / "runs"  # --runs-dir took
+    shown = _cli("--db", str(db), "show", "1")
+    assert "detail: " + RANKS_DID_NOT_START in shown.stdout and "Numpy is not available" in shown.stdout
+
+
+def test_a_rank_that_dies_mid_run_shows_what_it_said_and_is_the_candidates_failure(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    result = _cli("--db", str(db), "run", "--task", "all_reduce", "--model", fixture_model("crash-with-message"),
+                  "--mode", "cpu", *FAST)
+    assert result.returncode == 1, result.stderr
+    with Store(db) as store:
+        detail = store.run(1)["status_detail"]
+    first = detail.splitlines()[0]
+    assert "rank 1 failed (exit code 7): CUDA error: an illegal memory access was encountered" in first
+    assert "ChildFailedError" not in detail
+
+
+def test_the_timeout_bounds_wall_time_including_the_ranks_start_up(tmp_path: Path) -> None:
+    # One second cannot cover starting two Python processes that import torch: the run ends at
+    # its timeout, counted from the launch, not from when the ranks were ready.
+    db = tmp_path / "runs.db"
+    result = _cli("--db", str(db), "run", "--task", "all_reduce", "--model", "baseline", "--mode", "cpu",
+                  "--timeout", "1", *FAST)
+    assert result.returncode == 3, result.stderr
+    with Store(db) as store:
+        run = store.run(1)
+    assert run["status"] == "error"
+    assert run["status_detail"].startswith(f"{RANKS_DID_NOT_START}: the ranks' start-up took longer than its timeout (1 s)")
