@@ -4,12 +4,16 @@
      (target < 200 ms), cold (first time the screen is built) and warm (shown again): from the
      key press to the last frame drawn, and, for comparison, to Textual's test driver returning;
   2. the cost of one Live refresh with 8 GPUs x 18 NVLink links (target < 16 ms):
-     reading the ring buffer and building the rows, and the whole tick with the redraw.
+     reading the ring buffer and building the rows, and the whole tick with the redraw;
+  3. the cost of one Monitor frame at 4 Hz with 8 GPUs x 18 links (target < 16 ms): the new samples
+     of a 10 Hz sampler folded into the history, the GPU panels, NVLink heatmap, topology and
+     processes built and turned into strips; and the one-off refill when the window changes to
+     10 minutes (the whole ring read once).
 
 The database is built once through the Store and the collectors' sample writer, then reused
 (--db to keep it elsewhere). Headless: Textual's test driver, a 200x50 terminal.
 
-    python bench/tui_render.py [--runs 10000] [--samples 1000000] [--repeat 5]
+    python bench/tui_render.py [--runs 10000] [--samples 1000000] [--repeat 5] [--only monitor]
 """
 
 from __future__ import annotations
@@ -237,13 +241,121 @@ async def bench_live(repeat: int) -> None:
     print(f"  one tick (read, build, render the panel's lines):\n      {tick.report()}")
 
 
+class _MonitorTelemetry(_Telemetry):
+    """A sampler's face for the Monitor: a ring at capacity, 8 x 18 links wired to peers, limits,
+    ten processes. ``grow()`` appends what a 10 Hz sampler adds between two 4 Hz frames."""
+
+    def __init__(self, ring: RingBuffer, gpus: int, links: int) -> None:
+        from collectors.nvml import GpuLimits, GpuProcess, NvLinkLink, NvLinkTopology
+
+        super().__init__(ring)
+        self.gpus, self.links, self.step = gpus, links, len(ring) // (gpus + 1)
+        self.gpu_names = {g: "NVIDIA H200" for g in range(gpus)}
+        self._topology = NvLinkTopology(gpus=list(range(gpus)), links=[
+            NvLinkLink(g, link, "gpu", (g + 1 + link % (gpus - 1)) % gpus, 4) for g in range(gpus) for link in range(links)])
+        self._limits = {g: GpuLimits(g, "NVIDIA H200", 150e9, 700.0, 1980.0, 3201.0, 90.0, 5, 16) for g in range(gpus)}
+        self._processes = [GpuProcess(g % gpus, 40000 + g, 30e9, "alice", f"python -m pkb_tui.engine.worker --rank {g}")
+                           for g in range(10)]
+
+    def start(self) -> "_MonitorTelemetry":
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def topology(self):
+        return self._topology
+
+    def limits(self):
+        return self._limits
+
+    def processes(self):
+        return self._processes
+
+    def unsupported(self):
+        return {}
+
+    def grow(self, ticks: int) -> None:
+        for _ in range(ticks):
+            self.step += 1
+            rate = 2e11 * (0.5 + 0.5 * math.sin(self.step / 7))
+            self.ring.append([
+                GpuSample(ts=self.step * 0.1, gpu=g, nvlink_tx_bytes_per_s=rate, nvlink_rx_bytes_per_s=rate,
+                          pcie_tx_bytes_per_s=1e9, pcie_rx_bytes_per_s=1e9, sm_util_pct=60, power_w=500,
+                          memory_used_bytes=40e9, temperature_c=60, sm_clock_mhz=1980, mem_clock_mhz=3201,
+                          links=[LinkSample(link, rate / self.links, rate / self.links) for link in range(self.links)])
+                for g in range(self.gpus)
+            ] + [GpuSample(ts=self.step * 0.1, gpu=-1, cpu_pct=30.0)])
+
+
+async def bench_monitor(repeat: int) -> None:
+    from textual.geometry import Region
+
+    from pkb_tui.app import AppConfig, PkbApp
+    from pkb_tui.app.catalog import Catalog
+    from pkb_tui.app.screens.monitor import MonitorScreen
+    from pkb_tui.app.widgets.gpu_history import WINDOWS_S, RateHistory
+    from pkb_tui.app.widgets.monitor_views import LinesView
+
+    telemetry = _MonitorTelemetry(full_ring(8, 18), 8, 18)
+    for size in ((200, 50), (80, 24)):
+        with tempfile.TemporaryDirectory() as tmp:
+            app = PkbApp(config=AppConfig(db_path=Path(tmp) / "runs.db", catalog=Catalog, telemetry=lambda db: telemetry,
+                                          live_refresh_s=3600))  # frames driven by hand below
+            async with app.run_test(size=size) as pilot:
+                await pilot.press("m")
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+                screen = app.screen
+                assert isinstance(screen, MonitorScreen)
+                screen.tick()
+                await app.workers.wait_for_complete()
+                views = list(screen.query(LinesView))
+                assert screen.source() is telemetry, screen.problem
+
+                def frame() -> None:
+                    telemetry.grow(3 if screen._ticks % 2 else 2)  # 10 Hz sampling between 4 Hz frames
+                    screen.tick()
+                    for view in views:  # what the compositor asks of each view: its lines as strips
+                        view.render_lines(Region(0, 0, view.size.width, len(view.lines)))
+
+                frame()  # the first layout sizes the history: its refill runs in a worker, awaited here
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+                tick = Clock()
+                for _ in range(repeat * 20):
+                    with tick:
+                        frame()
+                switch, fold = Clock(), Clock()
+                for index in (2, 0) * repeat:  # 10 min (the whole ring), then back to 10 s
+                    with switch:
+                        screen.action_window(index)
+                    await app.workers.wait_for_complete()
+                    with fold:  # what the refill worker does off the app's thread
+                        RateHistory(WINDOWS_S[index], screen.graph_width).feed(
+                            telemetry.ring.snapshot(since_ts=telemetry.step * 0.1 - WINDOWS_S[index]))
+                lines = sum(len(v.lines) for v in views)
+        print(f"Monitor frame at {size[0]}x{size[1]}, 8 GPUs x 18 links, ring at capacity ({len(telemetry.ring):,} samples), "
+              f"{lines} lines:")
+        print(f"  one 4 Hz frame (fold new samples, build every view, render its strips):\n      {tick.report()}")
+        print(f"  window key on the app's thread (the history refill then runs in a worker):\n      {switch.report()}")
+        print(f"  the worker's refill (10 min: the whole ring; 10 s):\n      {fold.report()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--db", type=Path, default=None, help="where to keep the bench database (default: a temp dir)")
+    parser.add_argument("--only", choices=["history", "live", "monitor"], help="run one of the benchmarks")
     args = parser.parse_args()
+    if args.only == "monitor":
+        asyncio.run(bench_monitor(args.repeat))
+        return
+    if args.only == "live":
+        asyncio.run(bench_live(args.repeat))
+        return
     db = args.db or Path(tempfile.gettempdir()) / f"pkb-bench-{args.runs}-{args.samples}.db"
     if not db.exists():
         print(f"Building {db} ...", flush=True)
@@ -251,7 +363,9 @@ def main() -> None:
     with Store(db) as store:
         print(f"Database {db}: {store.count_runs():,} runs")
     asyncio.run(bench_history(db, args.repeat))
-    asyncio.run(bench_live(args.repeat))
+    if args.only is None:
+        asyncio.run(bench_live(args.repeat))
+        asyncio.run(bench_monitor(args.repeat))
 
 
 if __name__ == "__main__":

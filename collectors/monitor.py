@@ -87,16 +87,24 @@ def sample_record(sample: GpuSample) -> dict[str, Any]:
 
 def monitor_command(
     db_path: str | None, duration_s: float | None, interval_s: float, as_json: bool, record: bool,
-    out: TextIO = sys.stdout,
+    out: TextIO = sys.stdout, prometheus: str | None = None, telemetry: Telemetry | None = None,
 ) -> int:
-    """Run the live monitor until ``duration_s`` passes (None: until Ctrl-C); returns the exit status."""
+    """Run the live monitor until ``duration_s`` passes (None: until Ctrl-C); returns the exit status.
+    ``prometheus``: also serve the metrics at [HOST:]PORT. ``telemetry``: a sampler to use instead
+    of a new one (tests: a replayed NVML)."""
     recording = record and db_path is not None
-    telemetry = Telemetry(db_path if recording else None, interval_s=interval_s, record=recording)
+    if telemetry is None:
+        telemetry = Telemetry(db_path if recording else None, interval_s=interval_s, record=recording)
     tty = hasattr(out, "isatty") and out.isatty()
     started = time.monotonic()
     drawn = 0
     last_ts: float | None = None
+    exporter = None
     try:
+        if prometheus is not None:
+            from collectors.prometheus import serve
+
+            exporter = serve(prometheus, lambda: telemetry)
         telemetry.sample_once()  # a first reading now: counter baselines, and something to show at once
         telemetry.start()
         if as_json:
@@ -104,7 +112,11 @@ def monitor_command(
                 "kind": "monitor", "source": telemetry.source, "reason": telemetry.reason,
                 "gpus": {str(k): v for k, v in telemetry.gpu_names.items()}, "interval_s": interval_s,
                 "recording_to": str(db_path) if recording else None,
+                "prometheus": exporter.url if exporter is not None else None,
             }) + "\n")
+            out.flush()
+        elif exporter is not None:
+            out.write(f"serving Prometheus metrics at {exporter.url}\n")
             out.flush()
         # Redraw a screen at most 4 times a second (once a second when not on a terminal); JSON
         # lines go out at the sampling rate.
@@ -120,7 +132,8 @@ def monitor_command(
             elapsed = time.monotonic() - started
             header = (
                 f"pkb-tui monitor  source {telemetry.source}  {1 / interval_s:.0f} Hz  "
-                f"{'recording to ' + str(db_path) if recording else 'not recording'}  {elapsed:.0f} s  (Ctrl-C stops)"
+                f"{'recording to ' + str(db_path) if recording else 'not recording'}  "
+                f"{'metrics at ' + exporter.url + '  ' if exporter is not None else ''}{elapsed:.0f} s  (Ctrl-C stops)"
             )
             reason = telemetry.reason if telemetry.source == "host" else None
             lines = render_table(telemetry.ring.latest_per_gpu(), telemetry.gpu_names, header, reason)
@@ -135,6 +148,8 @@ def monitor_command(
     except KeyboardInterrupt:
         pass
     finally:
+        if exporter is not None:
+            exporter.close()
         telemetry.stop()
     if as_json:
         _write_json_lines(telemetry, last_ts, out)  # what was sampled before the stop

@@ -729,3 +729,244 @@ class NvmlSampler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ------------------------------------------------------------------------------------ topology, limits, processes
+# What the Monitor shows besides the rates: which GPU each NVLink link reaches, what each figure is
+# measured against, and who uses each GPU. Slow-changing, so read once (topology, limits) or about
+# once a second (processes), never in the sampling loop. Each reader takes an NvmlSampler and asks
+# through its GPUs' ``call`` (None when unsupported), so it works on the real NVML and the replay.
+
+# NVML_NVLINK_VERSION_* (nvmlDeviceGetNvLinkVersion) -> NVLink generation
+NVLINK_VERSION_TO_GENERATION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6}
+# Data bytes per second one link carries in one direction, by NVLink generation (datasheets:
+# P100 20 GB/s; V100, A100, H100/H200 25 GB/s; B200 50 GB/s; generation 6 100 GB/s).
+NVLINK_LINK_BYTES_PER_S = {1: 20e9, 2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9, 6: 100e9}
+NVLINK_REMOTE_KINDS = {0: "gpu", 1: "cpu", 2: "switch"}  # NVML_NVLINK_DEVICE_TYPE_*: GPU, IBMNPU, SWITCH
+TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+
+
+def parse_bus_id(value: Any) -> tuple[int, int, int, int] | None:
+    """'00000000:18:00.0' (or bytes, or a 4-digit domain) -> (domain, bus, device, function)."""
+    if value is None:
+        return None
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    text = text.strip().strip("\x00").lower()
+    try:
+        head, function = text.rsplit(".", 1)
+        parts = head.split(":")
+        domain = int(parts[-3], 16) if len(parts) >= 3 else 0
+        return domain, int(parts[-2], 16), int(parts[-1], 16), int(function, 16)
+    except (ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class NvLinkLink:
+    """One active NVLink link and what it reaches (remote_gpu None: a switch, a CPU or unknown)."""
+
+    gpu: int
+    link: int
+    remote_kind: str  # gpu, switch, cpu or unknown
+    remote_gpu: int | None
+    generation: int | None
+
+
+@dataclass
+class NvLinkTopology:
+    """The NVLink links of the sampled GPUs; ``reason`` says why there are none."""
+
+    gpus: list[int]
+    links: list[NvLinkLink] = field(default_factory=list)
+    reason: str | None = None
+    _by_gpu: dict[int, list[NvLinkLink]] | None = field(default=None, repr=False, compare=False)
+
+    def links_of(self, gpu: int) -> list[NvLinkLink]:
+        # Asked several times per GPU per frame by the Monitor: grouped once (links are set at read).
+        if self._by_gpu is None or sum(len(v) for v in self._by_gpu.values()) != len(self.links):
+            self._by_gpu = {}
+            for ln in self.links:
+                self._by_gpu.setdefault(ln.gpu, []).append(ln)
+        return self._by_gpu.get(gpu, [])
+
+    def direct_links(self, a: int, b: int) -> int:
+        """Links from GPU a that reach GPU b directly."""
+        return sum(1 for ln in self.links if ln.gpu == a and ln.remote_gpu == b)
+
+    def switch_links(self, gpu: int) -> int:
+        return sum(1 for ln in self.links if ln.gpu == gpu and ln.remote_kind == "switch")
+
+    def pair_label(self, a: int, b: int) -> str:
+        """nvidia-smi topo style: X (itself), NV<n> (n direct links), SW<n> (through NVSwitch, n
+        links on the fewer side), - (no NVLink path)."""
+        if a == b:
+            return "X"
+        direct = self.direct_links(a, b)
+        if direct:
+            return f"NV{direct}"
+        switched = min(self.switch_links(a), self.switch_links(b))
+        return f"SW{switched}" if switched else "-"
+
+    def generation(self, gpu: int) -> int | None:
+        gens = [ln.generation for ln in self.links_of(gpu) if ln.generation is not None]
+        return max(gens) if gens else None
+
+    def link_bytes_per_s(self, gpu: int) -> float | None:
+        """One link's data rate in one direction on this GPU; None: generation unknown."""
+        gen = self.generation(gpu)
+        return NVLINK_LINK_BYTES_PER_S.get(gen) if gen is not None else None
+
+    def gpu_bytes_per_s(self, gpu: int) -> float | None:
+        """The GPU's NVLink limit in one direction: its active links x one link's rate."""
+        per_link = self.link_bytes_per_s(gpu)
+        count = len(self.links_of(gpu))
+        return per_link * count if per_link is not None and count else None
+
+
+def read_topology(sampler: "NvmlSampler") -> NvLinkTopology:
+    """Which GPU each active link reaches (remote PCI bus id against the GPUs' own), its remote
+    device type and NVLink version."""
+    topology = NvLinkTopology(gpus=[g.index for g in sampler.gpus])
+    by_bus: dict[tuple[int, int, int, int], int] = {}
+    for gpu in sampler.gpus:
+        info = gpu.call("nvmlDeviceGetPciInfo_v3") or gpu.call("nvmlDeviceGetPciInfo")
+        bus = parse_bus_id(getattr(info, "busId", None)) if info is not None else None
+        if bus is not None:
+            by_bus[bus] = gpu.index
+    for gpu in sampler.gpus:
+        for link in gpu.active_links:
+            remote = gpu.call("nvmlDeviceGetNvLinkRemotePciInfo", link)
+            remote_bus = parse_bus_id(getattr(remote, "busId", None)) if remote is not None else None
+            remote_gpu = by_bus.get(remote_bus) if remote_bus is not None else None
+            kind_code = gpu.call("nvmlDeviceGetNvLinkRemoteDeviceType", link)
+            kind = NVLINK_REMOTE_KINDS.get(int(kind_code), "unknown") if kind_code is not None else None
+            if kind is None:
+                kind = "gpu" if remote_gpu is not None else "unknown"
+            version = gpu.call("nvmlDeviceGetNvLinkVersion", link)
+            generation = NVLINK_VERSION_TO_GENERATION.get(int(version)) if version is not None else None
+            topology.links.append(NvLinkLink(gpu.index, link, kind, remote_gpu if kind == "gpu" else None, generation))
+    if not topology.links:
+        topology.reason = ("no active NVLink link on any sampled GPU (NVML answers NOT_SUPPORTED or link down)"
+                           if sampler.gpus else (sampler.reason or "no NVIDIA GPU"))
+    return topology
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    """What a GPU's figures are measured against; None where NVML does not say."""
+
+    gpu: int
+    name: str
+    memory_total_bytes: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_max_mhz: float | None = None
+    mem_clock_max_mhz: float | None = None
+    temperature_slowdown_c: float | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+
+    @property
+    def pcie_bytes_per_s(self) -> float | None:
+        """PCIe payload rate in one direction at the link's maximum generation and width."""
+        if self.pcie_generation is None or self.pcie_width is None:
+            return None
+        lane = _PCIE_LANE_BYTES_PER_S.get(self.pcie_generation)
+        return lane * self.pcie_width if lane is not None else None
+
+
+def read_limits(sampler: "NvmlSampler") -> dict[int, GpuLimits]:
+    out: dict[int, GpuLimits] = {}
+    for gpu in sampler.gpus:
+        memory = gpu.call("nvmlDeviceGetMemoryInfo")
+        total = getattr(memory, "total", None) if memory is not None else None
+        power_mw = gpu.call("nvmlDeviceGetEnforcedPowerLimit") or gpu.call("nvmlDeviceGetPowerManagementLimit")
+        sm_max = gpu.call("nvmlDeviceGetMaxClockInfo", CLOCK_SM)
+        mem_max = gpu.call("nvmlDeviceGetMaxClockInfo", CLOCK_MEM)
+        slowdown = gpu.call("nvmlDeviceGetTemperatureThreshold", TEMPERATURE_THRESHOLD_SLOWDOWN)
+        out[gpu.index] = GpuLimits(
+            gpu=gpu.index, name=gpu.name, memory_total_bytes=float(total) if total is not None else None,
+            power_limit_w=power_mw / 1000.0 if power_mw else None,
+            sm_clock_max_mhz=float(sm_max) if sm_max else None, mem_clock_max_mhz=float(mem_max) if mem_max else None,
+            temperature_slowdown_c=float(slowdown) if slowdown else None,
+            pcie_generation=gpu.pcie_generation, pcie_width=gpu.pcie_width,
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding a CUDA context on a GPU. user/command None: the process is not visible
+    from here (another container, gone since)."""
+
+    gpu: int
+    pid: int
+    used_memory_bytes: float | None
+    user: str | None = None
+    command: str | None = None
+
+
+def describe_pid(pid: int) -> tuple[str | None, str | None]:
+    """(user, command line) of a local process, or (None, None)."""
+    try:
+        import psutil
+
+        process = psutil.Process(pid)
+        with process.oneshot():
+            user = process.username()
+            cmdline = process.cmdline()
+            command = " ".join(cmdline) if cmdline else process.name()
+        return user, command
+    except Exception:  # gone, not ours to read, another pid namespace
+        return None, None
+
+
+def read_processes(
+    sampler: "NvmlSampler", describe: Callable[[int], tuple[str | None, str | None]] | None = None,
+) -> list[GpuProcess] | None:
+    """Compute processes on every sampled GPU (pid, GPU memory), named through /proc; None when no
+    GPU answers the query. A replayed NVML names its own (its pids are not this machine's): it
+    offers describe_process."""
+    describe = describe or getattr(sampler.nvml, "describe_process", None) or describe_pid
+    out: list[GpuProcess] = []
+    answered = False
+    for gpu in sampler.gpus:
+        entries = gpu.call("nvmlDeviceGetComputeRunningProcesses")
+        answered = answered or entries is not None
+        for entry in entries or []:
+            pid = int(entry.pid)
+            used = getattr(entry, "usedGpuMemory", None)
+            user, command = describe(pid)
+            out.append(GpuProcess(gpu.index, pid, float(used) if used is not None else None, user, command))
+    return out if answered else None
+
+
+# Which sampled figure each NVML call gives, to name what is n/a and why.
+_CALL_FIGURES = {
+    "nvmlDeviceGetUtilizationRates()": "SM and memory utilisation",
+    "nvmlDeviceGetMemoryInfo()": "memory used",
+    "nvmlDeviceGetPowerUsage()": "power",
+    f"nvmlDeviceGetClockInfo({CLOCK_SM},)": "SM clock",
+    f"nvmlDeviceGetClockInfo({CLOCK_MEM},)": "memory clock",
+    f"nvmlDeviceGetTemperature({TEMPERATURE_GPU},)": "temperature",
+}
+
+
+def unsupported_figures(sampler: "NvmlSampler") -> dict[int, dict[str, str]]:
+    """Per GPU: figure -> why it is n/a (asked once; NVML's answer does not change)."""
+    out: dict[int, dict[str, str]] = {}
+    for gpu in sampler.gpus:
+        reasons: dict[str, str] = {}
+        for key, figure in _CALL_FIGURES.items():
+            if key in gpu.unsupported:
+                reasons[figure] = "NVML answers NOT_SUPPORTED"
+        if not gpu.active_links:
+            reasons["NVLink"] = "no active link (NVML: NOT_SUPPORTED, or links down)"
+        elif not gpu.nvlink_counters and gpu.index not in sampler.gpm:
+            reasons["NVLink"] = "the link counters answer NOT_SUPPORTED and there is no GPM"
+        if not gpu.pcie_counters and gpu.index not in sampler.gpm:
+            reasons["PCIe"] = "the PCIe byte counters answer NOT_SUPPORTED and there is no GPM"
+        if gpu.index not in sampler.gpm:
+            reasons["DRAM bandwidth and tensor activity"] = "GPM metrics need Hopper or newer (MBW shows NVML's memory activity)"
+        if reasons:
+            out[gpu.index] = reasons
+    return out

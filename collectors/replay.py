@@ -21,6 +21,12 @@ Trace format::
                   "pcie_max_generation": int | null, "pcie_max_width": int | null,
                   "unsupported_fields": [int],            # field ids answering NOT_SUPPORTED
                   "unsupported_calls": [str],             # nvml functions raising NOT_SUPPORTED
+                  # optional constants (absent or null: the call answers NOT_SUPPORTED):
+                  "pci_bus_id": str, "memory_total_bytes": int, "power_limit_mw": int,
+                  "max_sm_clock_mhz": int, "max_mem_clock_mhz": int, "temperature_slowdown_c": int,
+                  "nvlink_remote": {"link": "bus id"},    # nvmlDeviceGetNvLinkRemotePciInfo per active link
+                  "nvlink_remote_type": {"link": "gpu" | "switch" | "cpu"}, "nvlink_version": int,
+                  "processes": [{"pid": int, "used_memory_bytes": int, "user": str, "command": str}],
                   "ticks": [{"t_us": int,                 # NVML timestamp of this tick
                              "fields": {"138:0": int, ...},  # "field:scope" -> cumulative value
                              "field_t_us": {"138:0": int},   # optional per-field timestamp
@@ -237,8 +243,8 @@ class ReplayNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: ReplayHandle) -> SimpleNamespace:
         used = self._gauge(handle, "nvmlDeviceGetMemoryInfo", "memory_used_bytes")
-        total = self.devices[handle.index].get("memory_total_bytes", 80 * 2**30)
-        return SimpleNamespace(used=used, total=total, free=total - used)
+        total = self.devices[handle.index].get("memory_total_bytes")  # not recorded: unknown, not a guess
+        return SimpleNamespace(used=used, total=total, free=total - used if total is not None else None)
 
     def nvmlDeviceGetPowerUsage(self, handle: ReplayHandle) -> int:
         return self._gauge(handle, "nvmlDeviceGetPowerUsage", "power_mw")
@@ -256,6 +262,64 @@ class ReplayNvml:
         self._count("nvmlDeviceGetPcieThroughput")
         time.sleep(0.02)  # the real one samples for ~20 ms: a sampler calling it is a bug
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+    # -- topology, limits, processes (constant over the trace)
+    def _constant(self, handle: ReplayHandle, name: str, key: str) -> Any:
+        value = self._check(handle, name).get(key)
+        if value is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlDeviceGetPciInfo_v3(self, handle: ReplayHandle) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._constant(handle, "nvmlDeviceGetPciInfo_v3", "pci_bus_id"))
+
+    def nvmlDeviceGetPciInfo(self, handle: ReplayHandle) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._constant(handle, "nvmlDeviceGetPciInfo", "pci_bus_id"))
+
+    def _link_constant(self, handle: ReplayHandle, name: str, key: str, link: int) -> Any:
+        table = self._check(handle, name).get(key)
+        value = table.get(str(link)) if isinstance(table, dict) else None
+        if value is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: ReplayHandle, link: int) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._link_constant(handle, "nvmlDeviceGetNvLinkRemotePciInfo", "nvlink_remote", link))
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: ReplayHandle, link: int) -> int:
+        kind = self._link_constant(handle, "nvmlDeviceGetNvLinkRemoteDeviceType", "nvlink_remote_type", link)
+        return {"gpu": 0, "cpu": 1, "switch": 2}.get(kind, 255)
+
+    def nvmlDeviceGetNvLinkVersion(self, handle: ReplayHandle, link: int) -> int:
+        self._link_constant(handle, "nvmlDeviceGetNvLinkVersion", "nvlink_remote", link)  # only active links answer
+        return self._constant(handle, "nvmlDeviceGetNvLinkVersion", "nvlink_version")
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: ReplayHandle) -> int:
+        return self._constant(handle, "nvmlDeviceGetEnforcedPowerLimit", "power_limit_mw")
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: ReplayHandle) -> int:
+        return self._constant(handle, "nvmlDeviceGetPowerManagementLimit", "power_limit_mw")
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: ReplayHandle, clock: int) -> int:
+        key = {N.CLOCK_SM: "max_sm_clock_mhz", N.CLOCK_MEM: "max_mem_clock_mhz"}.get(clock)
+        if key is None:
+            raise NVMLError(2)
+        return self._constant(handle, "nvmlDeviceGetMaxClockInfo", key)
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: ReplayHandle, threshold: int) -> int:
+        return self._constant(handle, "nvmlDeviceGetTemperatureThreshold", "temperature_slowdown_c")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: ReplayHandle) -> list[SimpleNamespace]:
+        processes = self._constant(handle, "nvmlDeviceGetComputeRunningProcesses", "processes")
+        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p.get("used_memory_bytes")) for p in processes]
+
+    def describe_process(self, pid: int) -> tuple[str | None, str | None]:
+        """(user, command) of a recorded process: a replay's pids are not this machine's."""
+        for device in self.devices:
+            for process in device.get("processes") or ():
+                if process["pid"] == pid:
+                    return process.get("user"), process.get("command")
+        return None, None
 
     # -- GPM
     def nvmlGpmQueryDeviceSupport(self, handle: ReplayHandle) -> SimpleNamespace:
@@ -324,6 +388,7 @@ def record_trace(nvml: Any = None, *, ticks: int = 20, interval_s: float = 0.1, 
                     active.append(link)
             device["nvlink_active"] = active if answered else None
             device["gpm_supported"] = N.Gpm.supported(nvml, handle)
+            device.update(_record_constants(nvml, handle, active))
             devices.append((handle, device))
         # Keyed by position: real NVML handles (ctypes pointers) cannot be dict keys.
         gpms: dict[int, N.Gpm] = {}
@@ -369,6 +434,38 @@ def record_trace(nvml: Any = None, *, ticks: int = 20, interval_s: float = 0.1, 
         }
     finally:
         nvml.nvmlShutdown()
+
+
+def _record_constants(nvml: Any, handle: Any, active: list[int]) -> dict[str, Any]:
+    """Topology, limits and processes of one GPU, in the trace's keys (None: not supported)."""
+    pci = _try(lambda: nvml.nvmlDeviceGetPciInfo_v3(handle))
+    memory = _try(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    remote: dict[str, str] = {}
+    kinds: dict[str, str] = {}
+    version = None
+    for link in active:
+        info = _try(lambda: nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link))
+        if info is not None:
+            remote[str(link)] = _text(info.busId)
+        kind = _try(lambda: nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
+        if kind is not None:
+            kinds[str(link)] = N.NVLINK_REMOTE_KINDS.get(int(kind), "unknown")
+        version = version or _try(lambda: nvml.nvmlDeviceGetNvLinkVersion(handle, link))
+    processes = []
+    for entry in _try(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle)) or []:
+        user, command = N.describe_pid(int(entry.pid))
+        processes.append({"pid": int(entry.pid), "used_memory_bytes": getattr(entry, "usedGpuMemory", None),
+                          "user": user, "command": command})
+    return {
+        "pci_bus_id": _text(pci.busId) if pci is not None else None,
+        "memory_total_bytes": memory.total if memory is not None else None,
+        "nvlink_remote": remote or None, "nvlink_remote_type": kinds or None, "nvlink_version": version,
+        "power_limit_mw": _try(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle)),
+        "max_sm_clock_mhz": _try(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, N.CLOCK_SM)),
+        "max_mem_clock_mhz": _try(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, N.CLOCK_MEM)),
+        "temperature_slowdown_c": _try(lambda: nvml.nvmlDeviceGetTemperatureThreshold(handle, N.TEMPERATURE_THRESHOLD_SLOWDOWN)),
+        "processes": processes,
+    }
 
 
 def _gpm_as_recorded(values: N.GpmValues) -> dict[str, float]:

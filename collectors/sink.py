@@ -63,6 +63,11 @@ class RingBuffer:
         newer.reverse()
         return newer
 
+    def oldest_ts(self) -> float | None:
+        """The time of the oldest sample held (None: empty): older history is in the database."""
+        with self._lock:
+            return self._samples[0].ts if self._samples else None
+
     def latest_per_gpu(self) -> dict[int, GpuSample]:
         with self._lock:
             return dict(sorted(self._latest.items()))

@@ -14,8 +14,9 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
+from collectors import nvml as nvml_info
 from collectors.host import HostSampler
 from collectors.nvml import NvmlSampler
 from collectors.sample import GpuSample
@@ -38,6 +39,7 @@ class Telemetry:
     def __init__(
         self, db_path: str | Path | None, interval_s: float = 0.1, record: bool = True, nvml: Any = None, *,
         host_id: int | None = None, raw_keep_s: float | None = DEFAULT_RAW_KEEP_S, ring_capacity: int = 36_000,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not interval_s >= MIN_INTERVAL_S:
             raise PkbError(f"Sampling interval {interval_s} s is too short; use {MIN_INTERVAL_S} s (100 Hz) or more.")
@@ -57,7 +59,7 @@ class Telemetry:
         if os.environ.get("PKB_FORCE_CPU"):
             reason: str | None = "no NVIDIA GPU used: PKB_FORCE_CPU is set"
         else:
-            sampler = NvmlSampler(nvml=nvml)
+            sampler = NvmlSampler(nvml=nvml, **({"clock": clock} if clock is not None else {}))  # clock: a replay's
             if sampler.available():
                 self.gpu, reason = sampler, None
             else:
@@ -104,12 +106,58 @@ class Telemetry:
         for sample in samples:
             sample.run_id = run_id
         self.ring.append(samples)
-        if self.sink is not None:
-            self.sink.put(samples)
+        sink = self.sink  # read once: set_recording may swap it from another thread
+        if sink is not None:
+            sink.put(samples)
         self.samples_taken += 1
         self.sample_cost_us_total += cost_us
         self.last_sample_cost_us = cost_us
         return samples
+
+    # ---------------------------------------------------------------- what the Monitor shows besides rates
+    def topology(self) -> nvml_info.NvLinkTopology:
+        """The NVLink links and what they reach (read once: cabling does not change while we run)."""
+        if getattr(self, "_topology", None) is None:
+            with self._lock:
+                if self.gpu is None:
+                    self._topology = nvml_info.NvLinkTopology(gpus=[], reason=self.reason or "no NVIDIA GPU")
+                else:
+                    self._topology = nvml_info.read_topology(self.gpu)
+        return self._topology
+
+    def limits(self) -> dict[int, nvml_info.GpuLimits]:
+        """Memory size, power limit, top clocks, PCIe link per GPU (read once)."""
+        if getattr(self, "_limits", None) is None:
+            with self._lock:
+                self._limits = nvml_info.read_limits(self.gpu) if self.gpu is not None else {}
+        return self._limits
+
+    def processes(self) -> list[nvml_info.GpuProcess] | None:
+        """The compute processes on every GPU now (~1 ms per GPU and a /proc read each: callers ask
+        about once a second); None: NVML cannot list them."""
+        with self._lock:
+            return nvml_info.read_processes(self.gpu) if self.gpu is not None else None
+
+    def unsupported(self) -> dict[int, dict[str, str]]:
+        """Per GPU: figure -> why it is n/a."""
+        with self._lock:
+            return nvml_info.unsupported_figures(self.gpu) if self.gpu is not None else {}
+
+    @property
+    def recording(self) -> bool:
+        return self.sink is not None
+
+    def set_recording(self, db_path: str | Path | None, *, host_id: int | None = None) -> None:
+        """Start (db_path) or stop (None) writing the samples that follow into a database."""
+        if db_path is not None:
+            if self.sink is None:
+                self.sink = SampleSink(db_path, host_id=host_id, raw_keep_s=DEFAULT_RAW_KEEP_S)
+            return
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            sink.close()
+            if sink.error and not self.error:
+                self.error = sink.error
 
     def _run(self) -> None:
         # Straight away, unless a sample was just taken by hand (a caller priming the readings).

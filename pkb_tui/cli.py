@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs-dir", help="folder for run logs and traces (default: pkb-runs next to the database)")
     parser.add_argument("--verbose", "-v", action="store_true", help="show tracebacks of errors")
     parser.add_argument("--pkb-root", help="a ParallelKernelBench clone: its problems join the dashboard's tasks (remembered)")
+    parser.add_argument("--prometheus", metavar="[HOST:]PORT",
+                        help="the dashboard serves the live metrics for Prometheus at HOST:PORT/metrics while it runs")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     run = sub.add_parser("run", help="run tasks against solution sets")
@@ -115,7 +117,38 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     monitor.add_argument("--record", action="store_true",
                          help="also write the samples to the database (default: not recorded, as the dashboard's Monitor)")
+    monitor.add_argument("--prometheus", metavar="[HOST:]PORT",
+                         help="also serve the metrics for Prometheus (dcgm-exporter names) at HOST:PORT/metrics; "
+                              "HOST defaults to 127.0.0.1 (0.0.0.0 lets other machines scrape)")
     monitor.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    export = sub.add_parser(
+        "export", help="write runs, results, trials, kernels and samples to CSV, JSON lines or Parquet",
+        description="Write the runs chosen (filtered as `runs` filters them) and their results, trials, kernels and "
+                    "telemetry samples, one file per table, into a folder. Parquet needs pyarrow "
+                    "(pip install 'pkb-tui[export]'); CSV and JSON lines need nothing more.")
+    export.add_argument("--out", required=True, help="folder to write <table>.<format> into (created if missing)")
+    export.add_argument("--format", choices=["csv", "jsonl", "parquet"], default="csv")
+    export.add_argument("--tables", default="runs,results,trials,kernels,samples", help="comma separated")
+    export.add_argument("--task")
+    export.add_argument("--model")
+    export.add_argument("--status")
+    export.add_argument("--run", help="run id(s), comma separated")
+    export.add_argument("--since", help="runs created on or after (YYYY-MM-DD[THH:MM], local time)")
+    export.add_argument("--until", help="runs created before (YYYY-MM-DD[THH:MM], local time)")
+    export.add_argument("--limit", type=int, help="at most this many runs")
+    export.add_argument("--json", action="store_true", help="print what was written as JSON")
+    export.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    query = sub.add_parser(
+        "query", help="run one read-only SQL statement on runs.db",
+        description="One SQL statement on a read-only connection (writes are refused). The views run_results "
+                    "(a row per run, both variants) and kernel_rows (a row per kernel with its run) are described "
+                    "in docs/database.md; --schema lists every table and view with its columns.")
+    query.add_argument("sql", nargs="?", help='e.g. "SELECT task_id, model, speedup FROM run_results ORDER BY speedup DESC"')
+    query.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    query.add_argument("--schema", action="store_true", help="list the tables and views and their columns")
+    query.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
 
     calibrate = sub.add_parser("calibrate", help="measure this host's memory, peer and NCCL bandwidths")
     calibrate.add_argument("--quick", action="store_true")
@@ -174,7 +207,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
                 from pkb_tui.pkb.settings import remember_root
 
                 remember_root(_activated_root(args.pkb_root))
-            return run_app(db or default_db_path(), runs_dir=args.runs_dir)
+            return run_app(db or default_db_path(), runs_dir=args.runs_dir, prometheus=args.prometheus)
         _activate_pkb(args)
         handler = COMMANDS[args.command]
         code = handler(args, db, out)
@@ -674,6 +707,13 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
             f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]) + "\n")
     if run.get("log_path"):
         out.write(f"  log: {run['log_path']}\n")
+    from pkb_tui.export import PERFETTO_HINT, trace_files
+
+    traces = trace_files(run.get("trace_path"))
+    for variant, path in traces.items():
+        out.write(f"  {variant} trace: {path}\n")
+    if traces:
+        out.write(f"  ({PERFETTO_HINT})\n")
     return EXIT_OK if run["status"] == "passed" else EXIT_CANDIDATE_FAILED
 
 
@@ -736,7 +776,71 @@ def cmd_monitor(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from collectors.monitor import monitor_command
     from pkb_tui.store import default_db_path
 
-    return monitor_command(str(db or default_db_path()), args.duration, args.interval, args.json, args.record, out=out)
+    return monitor_command(str(db or default_db_path()), args.duration, args.interval, args.json, args.record, out=out,
+                           prometheus=args.prometheus)
+
+
+def _moment(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise PkbError(f"{flag} takes a date like 2026-12-01 or 2026-12-01T14:30, not {text!r}.") from None
+
+
+def cmd_export(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.export import export
+    from pkb_tui.store import default_db_path
+
+    try:
+        run_ids = [int(v) for v in _split(args.run)] if args.run else None
+    except ValueError:
+        raise PkbError(f"--run takes run ids separated by commas, not {args.run!r}.") from None
+    written = export(
+        db or default_db_path(), args.out, tables=_split(args.tables), fmt=args.format, limit=args.limit,
+        task=args.task, model=args.model, status=args.status, run_ids=run_ids,
+        since=_moment(args.since, "--since"), until=_moment(args.until, "--until"),
+    )
+    if args.json:
+        json.dump([{"table": w.table, "path": str(w.path), "rows": w.rows} for w in written], out, indent=2)
+        out.write("\n")
+    else:
+        _print_table(("table", "rows", "file"), [(w.table, str(w.rows), str(w.path)) for w in written], out)
+    return EXIT_OK
+
+
+def cmd_query(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.export import run_query, schema
+    from pkb_tui.store import default_db_path
+
+    path = db or default_db_path()
+    if args.schema:
+        tables = schema(path)
+        if args.json:
+            json.dump(tables, out, indent=2)
+            out.write("\n")
+        else:
+            for name, info in tables.items():
+                out.write(f"{info['kind']} {name}: " + ", ".join(f"{c} {t}".strip() for c, t in info["columns"].items()) + "\n")
+        return EXIT_OK
+    if not args.sql:
+        raise PkbError('Give a SQL statement, e.g. pkb-tui query "SELECT * FROM run_results LIMIT 5", or --schema.')
+    columns, rows = run_query(path, args.sql)
+    if args.json:
+        json.dump(rows, out, indent=2, default=_json_default)
+        out.write("\n")
+    else:
+        _print_table(columns, [tuple(_cell(row[c]) for c in columns) for row in rows], out)
+    return EXIT_OK
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value).replace("\n", " ")
 
 
 def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
@@ -750,7 +854,7 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
 COMMANDS = {
     "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show, "rm": cmd_rm,
     "board": cmd_board,
-    "monitor": cmd_monitor, "calibrate": cmd_calibrate,
+    "monitor": cmd_monitor, "calibrate": cmd_calibrate, "export": cmd_export, "query": cmd_query,
 }
 
 

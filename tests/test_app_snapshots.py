@@ -10,7 +10,7 @@ from pkb_tui.app import PkbApp
 from pkb_tui.app.live_state import LiveState
 from pkb_tui.engine import events as ev
 from pkb_tui.store import Store
-from tests.app_fixtures import FakeTelemetry, app_config, gpu_ring, host_ring, seed_runs
+from tests.app_fixtures import FIXED_NOW, FakeTelemetry, app_config, gpu_ring, host_ring, seed_runs
 
 
 @pytest.fixture(params=[(80, 24), (200, 50)], ids=["80x24", "200x50"])
@@ -105,15 +105,15 @@ def test_compare_screen(app_factory, snap_compare, size):
 
 
 def live_state(run_id: int) -> LiveState:
-    """A batch of three runs, the first finished, the second in its timing phase."""
+    """A batch of three runs, the first finished (in 60 s), the second in its timing phase for 20 s."""
     state = LiveState.for_batch(
         [("all_reduce", "torch-p2p"), ("all_gather", "torch-p2p"), ("reduce_scatter", "torch-p2p")],
         world_size=8, mode="nccl", dtype="bfloat16", size="default", started_at=1_767_225_600.0 - 95,
     )
     state.apply(ev.BatchStarted(world_size=8, mode="nccl"), None)
-    state.apply(ev.RunStarted(item=0, task="all_reduce", model="torch-p2p", trials=3), run_id - 1)
-    state.apply(ev.RunFinished(item=0, status="passed"), run_id - 1)
-    state.apply(ev.RunStarted(item=1, task="all_gather", model="torch-p2p", trials=3), run_id)
+    state.apply(ev.RunStarted(item=0, task="all_reduce", model="torch-p2p", trials=3), run_id - 1, now=FIXED_NOW - 90)
+    state.apply(ev.RunFinished(item=0, status="passed"), run_id - 1, now=FIXED_NOW - 30)
+    state.apply(ev.RunStarted(item=1, task="all_gather", model="torch-p2p", trials=3), run_id, now=FIXED_NOW - 20)
     for trial in range(3):
         state.apply(ev.TrialResult(item=1, trial=trial, correct=True), run_id)
     state.apply(ev.Progress(item=1, phase="timing", variant="candidate"), run_id)

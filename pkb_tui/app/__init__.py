@@ -12,8 +12,9 @@ if TYPE_CHECKING:
     from pkb_tui.app.config import AppConfig
 
 
-def run_app(db_path: Path, runs_dir: Path | None = None) -> int:
-    """Open the dashboard on db_path (created if missing). Returns the process exit code."""
+def run_app(db_path: Path, runs_dir: Path | None = None, *, prometheus: str | None = None) -> int:
+    """Open the dashboard on db_path (created if missing); ``prometheus``: serve the live metrics at
+    [HOST:]PORT while it runs. Returns the process exit code."""
     from pkb_tui.errors import PkbError
 
     try:
@@ -30,7 +31,7 @@ def run_app(db_path: Path, runs_dir: Path | None = None) -> int:
     try:
         from pkb_tui.app.config import AppConfig
 
-        app = PkbApp(config=AppConfig(db_path=Path(db_path), runs_dir=runs_dir))
+        app = PkbApp(config=AppConfig(db_path=Path(db_path), runs_dir=runs_dir, prometheus=prometheus))
     except PkbError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code

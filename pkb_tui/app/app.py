@@ -58,6 +58,8 @@ class PkbApp(App[int]):
         self._quit_when_idle = False
         self._end_mode_hold: Callable[[bool], None] | None = None  # see delay_update
         self._switching_mode = False
+        self.monitor_telemetry: Any = None  # the Monitor screen's own sampler while it runs
+        self.exporter: Any = None  # the Prometheus exporter (config.prometheus)
         super().__init__()
 
     # ------------------------------------------------------------------ screens
@@ -75,6 +77,22 @@ class PkbApp(App[int]):
                                    ("monitor", MonitorScreen), ("generate", GenerateScreen)):
             self.add_mode(mode, self._fresh(screen_class))
         self.switch_mode("launch")
+        if self.config.prometheus:
+            self._serve_metrics(self.config.prometheus)
+
+    def live_telemetry(self) -> Any:
+        """The sampler running now: the batch's, else the Monitor's (None: neither)."""
+        return self.batch.telemetry or self.monitor_telemetry
+
+    def _serve_metrics(self, address: str) -> None:
+        from collectors.prometheus import serve
+
+        try:
+            self.exporter = serve(address, self.live_telemetry)
+        except PkbError as exc:
+            self.notify(str(exc), title="Prometheus", severity="error", timeout=10)
+            return
+        self.notify(f"Metrics at {self.exporter.url} while a batch runs or Monitor is shown.", title="Prometheus")
 
     def _fresh(self, screen_class: type[Screen]) -> Callable[[], Screen]:
         """A factory for a mode's screen. Textual re-parses every stylesheet of the app when a new
@@ -314,4 +332,6 @@ class PkbApp(App[int]):
         super()._handle_exception(error)
 
     def on_unmount(self) -> None:
+        if self.exporter is not None:
+            self.exporter.close()
         self.store.close()

@@ -48,3 +48,4 @@ class AppConfig:
     speedup_basis: str = "eager"  # which timing speedups and the leaderboard use: eager or graph (History: e)
     # What else runs on the box before a batch starts (sentences); None: no check (tests, snapshots).
     contention_check: Callable[[], list[str]] | None = _default_contention_check
+    prometheus: str | None = None  # [HOST:]PORT: serve the live metrics (collectors.prometheus) while the app runs

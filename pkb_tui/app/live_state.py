@@ -4,6 +4,7 @@ on the main thread and the screen reads it; tests feed it events directly.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,10 @@ class LiveState:
     finished_at: float | None = None
     batch_status: str | None = None  # None while running; the batch's end otherwise
     failure: str | None = None  # the launcher itself failed (a sentence)
+    item_started_at: float | None = None  # when the current run started (Unix seconds)
+    item_seconds: list[float] = field(default_factory=list)  # how long each finished run of the batch took
+    # Per-iteration times of the current run as they stream (variant -> µs per call, in order).
+    timing_samples: dict[str, list[float]] = field(default_factory=dict)
     version: int = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -98,9 +103,40 @@ class LiveState:
         self.phase = None
         self.version += 1
 
+    # ------------------------------------------------------------------ progress and time left
+    def item_fraction(self, now: float) -> float | None:
+        """How far the current run is, 0..1: by time where earlier runs of the batch say how long one
+        takes, else by phase (trials first half, timing and profile the rest). None: no run going."""
+        if self.current is None or not self.running:
+            return None
+        if self.item_seconds and self.item_started_at is not None:
+            mean = sum(self.item_seconds) / len(self.item_seconds)
+            return min(0.99, max(0.0, (now - self.item_started_at) / mean)) if mean > 0 else None
+        trials = self.trials or 0
+        if self.phase == "trial" or self.phase == "starting":
+            return 0.5 * min(self.trial or 0, trials) / trials if trials else 0.0
+        return {"timing": 0.75 if self.variant == "candidate" else 0.6, "profile": 0.9, "finished": 1.0}.get(self.phase or "", 0.5)
+
+    def time_left_s(self, now: float) -> tuple[float | None, float | None]:
+        """(the current run, the whole batch) seconds left, from the mean duration of the runs this
+        batch finished; (None, None) until one has finished."""
+        if not self.running or not self.item_seconds:
+            return None, None
+        mean = sum(self.item_seconds) / len(self.item_seconds)
+        item_left = max(0.0, mean - (now - self.item_started_at)) if self.item_started_at is not None else mean
+        queued = sum(1 for line in self.runs if line.status == "queued")
+        return item_left, item_left + mean * queued
+
+    def add_timing_samples(self, variant: str, samples_us: list[float]) -> None:
+        """Per-iteration times (µs per call) of the current run, as the engine streams them."""
+        self.timing_samples.setdefault(variant, []).extend(float(v) for v in samples_us)
+        self.version += 1
+
     # ------------------------------------------------------------------ events
-    def apply(self, event: ev.Event, run_id: int | None) -> None:
-        """Fold one engine event in. Unknown events only bump the version."""
+    def apply(self, event: ev.Event, run_id: int | None, now: float | None = None) -> None:
+        """Fold one engine event in (``now``: when it arrived, Unix seconds). Unknown events only
+        bump the version."""
+        now = time.time() if now is None else now
         item = getattr(event, "item", None)
         if isinstance(event, ev.BatchStarted):
             self.world_size = event.world_size
@@ -118,6 +154,7 @@ class LiveState:
             self.trial, self.trials = 0, event.trials
             self.phase, self.variant = "starting", None
             self.kernels, self.trial_results, self.timings = [], [], {}
+            self.item_started_at, self.timing_samples = now, {}
         elif isinstance(event, ev.Progress):
             self.phase = event.phase
             self.variant = event.variant
@@ -143,5 +180,8 @@ class LiveState:
                 line.detail = event.detail
                 if run_id is not None:
                     line.run_id = run_id
+            if self.item_started_at is not None:
+                self.item_seconds.append(max(0.0, now - self.item_started_at))
+                self.item_started_at = None
             self.phase = "finished"
         self.version += 1

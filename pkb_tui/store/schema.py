@@ -354,5 +354,47 @@ _V_GENERATE = [
     "CREATE INDEX gen_candidates_run ON gen_candidates(gen_run_id, task_id, sample, round)",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE]
+# Views for reading runs.db as a data set without knowing the schema (sqlite-utils query, Datasette,
+# pandas.read_sql, `pkb-tui query`, `pkb-tui export`); documented column by column in docs/database.md.
+# run_results: one row per run, both variants' figures side by side (baseline_*, candidate_*).
+# kernel_rows: one row per profiled kernel with its run's task, model, mode and host.
+_V_VIEWS = [
+    """
+    CREATE VIEW run_results AS
+    SELECT
+        r.id AS run_id, r.batch_id, r.task_id, r.model, r.model_path, r.world_size, r.mode, r.dtype, r.size,
+        r.trials, r.status, r.status_detail, r.created_at, r.started_at, r.finished_at,
+        r.finished_at - r.started_at AS duration_s, r.timings_representative, r.mps_enabled,
+        h.hostname, h.gpu_model, h.gpu_count, h.driver_version, h.torch_version, h.nccl_version,
+        b.correct AS baseline_correct, b.median_us AS baseline_median_us, b.p10_us AS baseline_p10_us,
+        b.p90_us AS baseline_p90_us, b.mean_us AS baseline_mean_us, b.min_us AS baseline_min_us,
+        b.max_us AS baseline_max_us, b.iterations AS baseline_iterations,
+        b.bus_bandwidth_gbps AS baseline_bus_bandwidth_gbps, b.roofline_fraction AS baseline_roofline_fraction,
+        b.link_bytes_per_iter AS baseline_link_bytes_per_iter, b.pcie_bytes_per_iter AS baseline_pcie_bytes_per_iter,
+        c.correct AS candidate_correct, c.trials_passed, c.trials_total, c.max_abs_error, c.max_rel_error,
+        c.worst_rank, c.median_us AS candidate_median_us, c.p10_us AS candidate_p10_us,
+        c.p90_us AS candidate_p90_us, c.mean_us AS candidate_mean_us, c.min_us AS candidate_min_us,
+        c.max_us AS candidate_max_us, c.iterations AS candidate_iterations, c.speedup,
+        c.bus_bandwidth_gbps AS candidate_bus_bandwidth_gbps, c.roofline_floor_us,
+        c.roofline_fraction AS candidate_roofline_fraction, c.roofline_bound, c.bandwidth_source,
+        c.link_bytes_per_iter AS candidate_link_bytes_per_iter, c.pcie_bytes_per_iter AS candidate_pcie_bytes_per_iter,
+        c.traffic_flag, r.log_path, r.trace_path, r.baseline_source_hash, r.candidate_source_hash
+    FROM runs r
+    LEFT JOIN hosts h ON h.id = r.host_id
+    LEFT JOIN results b ON b.run_id = r.id AND b.variant = 'baseline'
+    LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate'
+    """,
+    """
+    CREATE VIEW kernel_rows AS
+    SELECT
+        k.run_id, r.task_id, r.model, r.mode, r.world_size, r.dtype, r.size, r.status, r.created_at,
+        h.hostname, h.gpu_model, k.variant, k.rank, k.name, k.category, k.calls, k.total_us, k.mean_us,
+        k.share_fraction
+    FROM kernels k
+    JOIN runs r ON r.id = k.run_id
+    LEFT JOIN hosts h ON h.id = r.host_id
+    """,
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,6 +1,8 @@
-"""Live: the batch in progress. What runs now (task, model, trial k of N, phase), the telemetry
-sparklines at 4 Hz, the kernel table as it fills in, the runs of the batch with their marks, and
-the tail of the run's log. `x` cancels (the run is recorded as interrupted)."""
+"""Live: the batch in progress. What runs now (task, model), progress bars for the run and the batch
+with the time left (from the runs this batch finished), the per-iteration timing as it streams
+(running medians with their intervals, the speedup), the telemetry sparklines at 4 Hz, the kernel
+table as soon as a profile is in, the runs of the batch with their marks, and the tail of the
+run's log. `x` cancels (the run is recorded as interrupted)."""
 
 from __future__ import annotations
 
@@ -10,17 +12,19 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.coordinate import Coordinate
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Label, Static
 
-from pkb_tui.app.format import STATUS_STYLES, fmt_duration, fmt_fraction, fmt_us, status_mark, truncate
+from pkb_tui.app.format import STATUS_STYLES, bar, fmt_duration, fmt_fraction, fmt_us, status_mark, truncate
 from pkb_tui.app.live_state import LiveState
 from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.app.widgets.log_tail import LogTail
+from pkb_tui.app.widgets.monitor_views import LinesView
 from pkb_tui.app.widgets.nav import NavBar
 from pkb_tui.app.widgets.telemetry import TelemetryPanel
+from pkb_tui.app.widgets.timing_stream import TimingStream
 
 if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
@@ -45,6 +49,7 @@ class LiveScreen(Screen):
         self._seen_state: LiveState | None = None
         self._ticks = 0
         self._log_paths: dict[int, str | None] = {}
+        self._timing_fed: tuple[int | None, dict[str, int]] = (None, {})  # (run, samples passed on per variant)
 
     @property
     def pkb(self) -> PkbApp:
@@ -53,7 +58,10 @@ class LiveScreen(Screen):
     def compose(self) -> ComposeResult:
         yield NavBar("live")
         yield Static("", id="live-head")
-        yield TelemetryPanel(id="live-telemetry")
+        yield LinesView(id="live-progress")
+        yield TimingStream(id="live-timing")
+        with VerticalScroll(id="live-telemetry-box"):
+            yield TelemetryPanel(id="live-telemetry")
         with Horizontal(id="live-lower"):
             with Vertical(id="live-runs-pane"):
                 yield Label("Batch", classes="pane-title")
@@ -100,6 +108,8 @@ class LiveScreen(Screen):
             self._draw_head(state)
             self._draw_runs(state)
             self._draw_kernels(state)
+            self._feed_timing(state)
+        self._draw_progress(state)
         self._ticks += 1
         if self._ticks % 2 == 1:
             self._draw_log(state)
@@ -127,13 +137,6 @@ class LiveScreen(Screen):
             counts = state.counts()
             first.append("  " + "  ".join(f"{status_mark(s)} {n} {s}" for s, n in sorted(counts.items())))
         second = Text(no_wrap=True, overflow="ellipsis")
-        if state.running and line is not None:
-            trial = f"trial {min((state.trial or 0) + (state.phase == 'trial'), state.trials or 0)}/{state.trials or '?'}"
-            phase = state.phase or "?"
-            if state.variant:
-                phase += f" ({state.variant})"
-            second.append(f"{trial} · {phase}", style="bold cyan")
-            second.append("  ")
         elapsed_to = state.finished_at if state.finished_at is not None else now
         second.append(
             f"ws {state.world_size} · {state.mode or 'auto'} · {state.dtype} · {state.size} · "
@@ -151,6 +154,59 @@ class LiveScreen(Screen):
             where = f"rank {error.rank} " if error.rank is not None else ""
             parts.append(Text(f"‼ {where}{error.where}: {error.message}", style="red", no_wrap=True, overflow="ellipsis"))
         head.update(Text("\n").join(parts))
+
+    def _draw_progress(self, state: LiveState) -> None:
+        """Bars for the run and the batch, with the phase and the time left."""
+        view = self.query_one("#live-progress", LinesView)
+        if not state.running:
+            view.set_lines([])
+            return
+        now = self.pkb.config.clock()
+        width = max(40, view.size.width or self.size.width)
+        bar_width = max(10, min(40, width // 3))
+        item_left, batch_left = state.time_left_s(now)
+        fraction = state.item_fraction(now)
+        item = Text(no_wrap=True, overflow="ellipsis")
+        item.append("run   ", style="bold")
+        item.append(bar(fraction, bar_width), style="cyan")
+        item.append(f" {fraction * 100:3.0f}% " if fraction is not None else "  n/a ")
+        if state.current is not None:
+            trial = f"trial {min((state.trial or 0) + (state.phase == 'trial'), state.trials or 0)}/{state.trials or '?'}"
+            phase = state.phase or "?"
+            if state.variant:
+                phase += f" ({state.variant})"
+            item.append(f" {trial} · {phase}", style="bold cyan")
+        item.append(f"  {_left(item_left)}", style="dim")
+        done = sum(1 for line in state.runs if line.status not in ("queued", "running"))
+        total = len(state.runs) or 1
+        batch_fraction = (done + (fraction or 0.0) * (state.current is not None and state.current.status == "running")) / total
+        batch = Text(no_wrap=True, overflow="ellipsis")
+        batch.append("batch ", style="bold")
+        batch.append(bar(batch_fraction, bar_width), style="green")
+        batch.append(f" {batch_fraction * 100:3.0f}%  {done}/{len(state.runs)} runs done  {_left(batch_left)}", style="")
+        view.set_lines([item, batch])
+
+    def _feed_timing(self, state: LiveState) -> None:
+        """Pass the timing samples that arrived since the last frame on to the timing widget."""
+        widget = self.query_one("#live-timing", TimingStream)
+        run = state.current.run_id if state.current is not None else None
+        fed_run, fed = self._timing_fed
+        if run != fed_run or any(len(state.timing_samples.get(v, ())) < n for v, n in fed.items()):
+            widget.reset()
+            fed = {}
+        for variant, samples in state.timing_samples.items():
+            new = samples[fed.get(variant, 0):]
+            if new:
+                widget.add_timing_samples(variant, new)
+            fed[variant] = len(samples)
+        self._timing_fed = (run, fed)
+        if not state.timing_samples:
+            widget.show_final(state.timings)
+
+    def add_timing_samples(self, variant: str, samples_us: list[float]) -> None:
+        """Per-iteration times (µs per call) of the run going on: kept in the batch's LiveState (so
+        they survive a screen switch) and drawn at the next frame."""
+        self.pkb.batch.state.add_timing_samples(variant, samples_us)
 
     def _draw_runs(self, state: LiveState) -> None:
         table = self.query_one("#live-runs", DataTable)
@@ -268,3 +324,7 @@ class LiveScreen(Screen):
     @on(DataTable.RowSelected, "#live-runs")
     def _run_selected(self) -> None:
         self.action_open_run()
+
+
+def _left(seconds: float | None) -> str:
+    return "time left n/a (after the first run)" if seconds is None else f"~{fmt_duration(seconds)} left"

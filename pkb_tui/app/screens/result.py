@@ -349,6 +349,13 @@ class ResultScreen(Screen):
                 f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]), style="dim"))
         if run.get("log_path"):
             head.append(Text(f"log: {run['log_path']}", style="dim"))
+        from pkb_tui.export import PERFETTO_HINT, trace_files
+
+        traces = trace_files(run.get("trace_path"))
+        for variant, path in traces.items():
+            head.append(Text(f"{variant} trace: {path}", style="dim"))
+        if traces:
+            head.append(Text(f"  ({PERFETTO_HINT})", style="dim"))
         self.query_one("#result-head", Static).update(Text("\n").join(head))
         if run.get("results"):
             self.query_one("#result-sides", Static).update(comparison_table(run))
