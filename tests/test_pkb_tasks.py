@@ -207,3 +207,17 @@ def test_the_result_screen_labels_a_pkb_problems_traffic_as_measured() -> None:
     console = Console(width=160, record=True)
     console.print(comparison_table(run))
     assert "traffic measured from the baseline's calls" in console.export_text()
+
+
+def test_the_judge_gives_pkb_problems_both_verdicts() -> None:
+    from pkb_tui.engine.compare import judge_outputs
+    from tasks.base import OutputTolerance
+
+    truth = torch.linspace(1.0, 2.0, 64, dtype=torch.float64)
+    expected = truth.float()
+    off = expected * 1.001  # 0.1%: inside PKB's rtol 1e-2, far outside the per-output rule
+    second = judge_outputs(off, expected, truth, {"*": OutputTolerance(pkb="second")})
+    assert not second.correct and "verdicts differ: PKB's allclose(atol=0.01, rtol=0.01) passes" in second.message
+    judged = judge_outputs(off, expected, truth, {"*": OutputTolerance(pkb="judge")})
+    assert judged.correct and "verdicts differ: pkb-tui's check" in judged.message and "fails" in judged.message
+    assert judge_outputs(expected.clone(), expected, truth, {"*": OutputTolerance(pkb="second")}).message is None

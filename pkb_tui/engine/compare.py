@@ -148,6 +148,9 @@ def judge_outputs(candidate: Any, expected: Any, expected64: Any, tolerances: To
     OutputTolerance ("*" for the rest). The rule and why it is this one: tasks.base.OutputTolerance.
     """
     lookup = tolerances if callable(tolerances) else _mapping_lookup(tolerances)
+    pkb = lookup("").pkb  # ParallelKernelBench problems: PKB's allclose judges or is said beside
+    if pkb is not None:
+        return _pkb_judge(candidate, expected, _judge(candidate, expected, expected64, lookup, where, ""), pkb, where)
     return _judge(candidate, expected, expected64, lookup, where, "")
 
 
@@ -348,6 +351,27 @@ def _pkb_verdicts(candidate: Any, reference: Any, tol: Tolerance, where: str) ->
         other, label = other_cmp.correct, f"pkb-tui's check (atol {second.atol:g}, rtol {second.rtol:g})"
         if other_cmp.message and not other:
             label += f": {other_cmp.message}"
+    if other == judged.correct:
+        return judged
+    note = f"{VERDICTS_DIFFER}: {label} {'passes' if other else 'fails'}"
+    return Comparison(judged.correct, judged.max_abs_error, judged.max_rel_error,
+                      f"{judged.message}; {note}" if judged.message else note)
+
+
+PKB_ATOL = PKB_RTOL = 1e-2  # ParallelKernelBench's run_local.py defaults
+
+
+def _pkb_judge(candidate: Any, expected: Any, ours: Comparison, pkb: str, where: str) -> Comparison:
+    """A PKB problem's verdict: this project's per-output rule (``ours``) or PKB's allclose on the
+    baseline's outputs (``pkb == "judge"``), with the other verdict in the message when it differs."""
+    theirs = pkb_allclose(candidate, expected, PKB_ATOL, PKB_RTOL)
+    allclose = f"PKB's allclose(atol={PKB_ATOL:g}, rtol={PKB_RTOL:g})"
+    if pkb == "judge":
+        judged = Comparison(theirs, ours.max_abs_error, ours.max_rel_error,
+                            None if theirs else ours.message or f"{where}: outside {allclose}")
+        other, label = ours.correct, "pkb-tui's check" + (f": {ours.message}" if ours.message and not ours.correct else "")
+    else:
+        judged, other, label = ours, theirs, allclose
     if other == judged.correct:
         return judged
     note = f"{VERDICTS_DIFFER}: {label} {'passes' if other else 'fails'}"

@@ -11,8 +11,9 @@
   every --seed gives other inputs; for the eight collectives, whose PKB inputs are constant fills
   (rank+1) whatever the trial, fresh-seeds mode also replaces floating-point inputs by random values.
 - traffic: no hand-written model; the one measured from the baseline's calls (engine/interposer.py).
-- tolerance: this project's per-dtype defaults; `--pkb-tolerance` ($PKB_TOLERANCE=pkb) judges with
-  PKB's allclose(atol=1e-2, rtol=1e-2); either way the other verdict is reported when it differs.
+- tolerance: this project's per-output rule (the judge's, against the float64 truth);
+  `--pkb-tolerance` ($PKB_TOLERANCE=pkb) judges with PKB's allclose(atol=1e-2, rtol=1e-2) on the
+  baseline's outputs; either way the other verdict is reported when it differs.
 - families: from the problem's name (PKB's numbering groups them: 1-8 collectives, ...), so a
   renumbered problem keeps its family; unknown names -> pkb-other.
 """
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from pkb_tui.errors import PkbError
-from tasks.base import DEFAULT_TOLERANCES, Task, TaskContext, TaskSpec, Tolerance, Traffic
+from tasks.base import DEFAULT_TOLERANCES, OutputTolerance, Task, TaskContext, TaskSpec, Tolerance, Traffic
 
 PROBLEM_FILE = re.compile(r"^(?P<number>\d+)_(?P<name>[A-Za-z0-9_\-]+)\.py$")
 INPUTS_FILE = Path("utils") / "input_output_tensors.py"
@@ -148,6 +149,7 @@ def _make_task(root: Path, number: int, name: str, file: Path) -> Task:
         source=f"ParallelKernelBench reference/{file.name}",
         why=note or "a ParallelKernelBench problem: PyTorch + torch.distributed reference, inputs from its own input maker",
         sizes=PKB_SIZES, dtypes=PKB_DTYPES, tolerances=_tolerances(), world_sizes=world_sizes,
+        output_tolerances={"*": OutputTolerance(pkb="judge" if tolerance_mode() == "pkb" else "second")},
         modes=modes, mode_note=mode_note,
     )
     module = ModuleType(f"pkb_reference_{number}")
