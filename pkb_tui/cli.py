@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--db", help="database file (default ./runs.db or $PKB_DB)")
     parser.add_argument("--runs-dir", help="folder for run logs and traces (default: pkb-runs next to the database)")
     parser.add_argument("--verbose", "-v", action="store_true", help="show tracebacks of errors")
+    parser.add_argument("--pkb-root", help="a ParallelKernelBench clone: its problems join the dashboard's tasks (remembered)")
     parser.add_argument("--prometheus", metavar="[HOST:]PORT",
                         help="the dashboard serves the live metrics for Prometheus at HOST:PORT/metrics while it runs")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--oversubscribe", action="store_true",
                      help="allow more ranks than the mode holds here (CPU cores, GPUs, 8 on a shared GPU)")
     run.add_argument("--mode", choices=list(MODE_CHOICES), default="auto")
-    run.add_argument("--dtype", default="float32")
+    run.add_argument("--dtype", default=None, help="default float32; bfloat16 when every task is a PKB problem")
     run.add_argument("--size", default="small", help="small, default or large")
     run.add_argument("--trials", type=int, default=3)
     run.add_argument("--timeout", type=float, default=300.0,
@@ -63,12 +64,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
     run.add_argument("--runs-dir", dest="sub_runs_dir", help=argparse.SUPPRESS)
+    _add_pkb_options(run)
+    pkb = run.add_argument_group("ParallelKernelBench problems (tasks pkb/<N>_<name>; pkb/all, pkb/1-8 select several)")
+    pkb.add_argument("--m", type=int, help="PKB base shape M (rows); overrides --size")
+    pkb.add_argument("--n", type=int, help="PKB base shape N (columns); overrides --size")
+    pkb.add_argument("--fresh-seeds", action="store_true", help="inputs from this project's per-trial seeds, not PKB's")
+    pkb.add_argument("--pkb-tolerance", action="store_true", help="judge with PKB's allclose(atol=1e-2, rtol=1e-2)")
 
     for name, helptext in (("tasks", "list tasks"), ("models", "list solution sets")):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--json", action="store_true")
+        _add_pkb_options(p)
         if name == "tasks":
-            p.add_argument("--family", help="only this family")
+            p.add_argument("--family", help="only this family ('pkb' for every PKB problem)")
+            p.add_argument("--traffic", action="store_true",
+                           help="measure each baseline's traffic on gloo ranks and print it beside the hand-written model")
+            p.add_argument("--world-size", type=int, default=4, help="ranks for --traffic (default 4)")
+            p.add_argument("--size", default="small", help="size for --traffic (default small)")
+            p.add_argument("--dtype", default="float32", help="dtype for --traffic (default float32)")
 
     runs = sub.add_parser("runs", help="run history")
     runs.add_argument("--task")
@@ -78,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     _basis_option(runs)
     runs.add_argument("--json", action="store_true")
     runs.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    board = sub.add_parser("board", help="per-problem scores by model: pass@k and fast_p, as ParallelKernelBench reports them")
+    board.add_argument("--k", default="1", help="k values of pass@k, comma separated (default 1)")
+    board.add_argument("--p", default="1,1.5", help="p values of fast_p, comma separated (default 1,1.5)")
+    board.add_argument("--prefix", help="only task ids starting with this (e.g. pkb/)")
+    board.add_argument("--json", action="store_true")
+    board.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
 
     show = sub.add_parser("show", help="one run in full")
     show.add_argument("run_id", type=int)
@@ -144,6 +164,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_pkb_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pkb-root", help="a ParallelKernelBench clone (default $PKB_ROOT): its problems become tasks pkb/...")
+    parser.add_argument("--backend", choices=["reference", "triton", "cuda", "parallelkittens"],
+                        help="which PKB candidates of a model folder to run (default: the folder's, or the only one)")
+
+
+def _activate_pkb(args: argparse.Namespace) -> None:
+    """--pkb-root / --backend into the environment, which the launched ranks inherit (the registry
+    in tasks/base.py reads $PKB_ROOT in every process; candidates find PKB's helpers on $PYTHONPATH)."""
+    import os
+
+    if getattr(args, "pkb_root", None):
+        from pkb_tui.pkb.tasks import activate
+
+        activate(args.pkb_root)
+    if getattr(args, "backend", None):
+        os.environ["PKB_BACKEND"] = args.backend
+
+
 def _basis_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speedup-basis", choices=["eager", "graph"], default="eager",
                         help="which timing the speedup uses: eager (per call as an eager program pays it, the "
@@ -164,7 +203,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             from pkb_tui.app import run_app
             from pkb_tui.store import default_db_path
 
+            if args.pkb_root:
+                from pkb_tui.pkb.settings import remember_root
+
+                remember_root(_activated_root(args.pkb_root))
             return run_app(db or default_db_path(), runs_dir=args.runs_dir, prometheus=args.prometheus)
+        _activate_pkb(args)
         handler = COMMANDS[args.command]
         code = handler(args, db, out)
         out.flush()
@@ -202,18 +246,80 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 
 # ---------------------------------------------------------------------- run
+def _activated_root(root: str) -> Path:
+    from pkb_tui.pkb.tasks import activate
+
+    return activate(root)
+
+
+def _pkb_run_options(args: argparse.Namespace, task_ids: list[str]) -> dict[str, Any]:
+    """The PKB switches into the environment the ranks inherit; what they were, for the request
+    JSON (so a stored run says which tolerance judged it and which inputs it saw)."""
+    import os
+
+    from pkb_tui.pkb.tasks import tolerance_mode
+
+    if args.m is not None or args.n is not None:
+        if (args.m is not None and args.m < 1) or (args.n is not None and args.n < 1):
+            raise PkbError("--m and --n must be positive.")
+        os.environ["PKB_SHAPE"] = f"{args.m or 1024},{args.n or 1024}"
+    os.environ["PKB_FRESH_SEEDS"] = "1" if args.fresh_seeds else "0"
+    os.environ["PKB_TOLERANCE"] = "pkb" if args.pkb_tolerance else "pkb-tui"
+    if not any(t.startswith("pkb/") for t in task_ids):
+        return {}
+    return {"pkb": {
+        "root": os.environ.get("PKB_ROOT"), "tolerance": tolerance_mode(),
+        "tolerance_atol_rtol": [1e-2, 1e-2] if args.pkb_tolerance else None,
+        "seeds": "fresh" if args.fresh_seeds else "pkb", "base_shape": os.environ.get("PKB_SHAPE"),
+        "backend": os.environ.get("PKB_BACKEND"),
+    }}
+
+
+def _expand_tasks(selectors: list[str], world_size: int, mode: str | None, dtype: str | None, size: str) -> tuple[list[str], list[str]]:
+    """Task ids from --task (pkb/all and pkb/1-8 select PKB problems), and, for those selected in
+    bulk, the ones that cannot run as asked with the reason (listed, not run)."""
+    from pkb_tui.engine.modes import choose_mode
+    from pkb_tui.pkb.tasks import expand_selector
+    from tasks import all_tasks
+
+    if not any(s.startswith("pkb/") for s in selectors):
+        return selectors, []
+    tasks = all_tasks()
+    ids: list[str] = []
+    skipped: list[str] = []
+    chosen_mode = choose_mode(world_size, mode)
+    for selector in selectors:
+        expanded = expand_selector(selector, tasks)
+        for task_id in expanded:
+            if expanded != [selector] and task_id in tasks:
+                try:
+                    tasks[task_id].check_request(world_size=world_size, mode=chosen_mode,
+                                                 dtype=dtype or "bfloat16", size=size)
+                except PkbError as exc:
+                    skipped.append(str(exc))
+                    continue
+            ids.append(task_id)
+    if not ids:
+        raise PkbError("Nothing to run: " + " ".join(skipped or ["no task selected."]))
+    return list(dict.fromkeys(ids)), skipped
+
+
 def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from collectors.contention import competing_load, host_load_note
     from pkb_tui.engine.launcher import Launcher
     from pkb_tui.engine.request import RunRequest
     from pkb_tui.store import Store
 
+    mode = None if args.mode == "auto" else args.mode
+    task_ids, not_runnable = _expand_tasks(_split(args.task), args.world_size, mode, args.dtype, args.size)
+    dtype = args.dtype or ("bfloat16" if task_ids and all(t.startswith("pkb/") for t in task_ids) else "float32")
+    extra = _pkb_run_options(args, task_ids)
     request = RunRequest(
-        tasks=_split(args.task), models=_split(args.model), world_size=args.world_size,
-        mode=None if args.mode == "auto" else args.mode, dtype=args.dtype, size=args.size,
+        tasks=task_ids, models=_split(args.model), world_size=args.world_size,
+        mode=mode, dtype=dtype, size=args.size,
         trials=args.trials, timeout_s=args.timeout, timing=not args.no_timing, warmup=args.warmup,
         iterations=args.iterations, profile=not args.no_profile, seed=args.seed, speedup_basis=args.speedup_basis,
-        oversubscribe=args.oversubscribe,
+        oversubscribe=args.oversubscribe, extra=extra,
     )
     launcher = Launcher(db, runs_dir=args.runs_dir)
     Store(launcher.db_path).close()  # a bad --db fails here, before anything launches
@@ -229,11 +335,12 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         store.add_note(outcome.run_ids, host_load_note(load_at_start))
         runs = [_run_summary(store.run(run_id, basis=args.speedup_basis)) for run_id in outcome.run_ids]
     if args.json:
-        json.dump({"db": str(launcher.db_path), "runs": runs, "skipped": outcome.skipped}, out, indent=2, default=_json_default)
+        json.dump({"db": str(launcher.db_path), "runs": runs, "skipped": not_runnable + outcome.skipped}, out, indent=2,
+                  default=_json_default)
         out.write("\n")
     else:
         _print_runs_table(runs, out)
-        for sentence in outcome.skipped:
+        for sentence in not_runnable + outcome.skipped:
             out.write(f"skipped: {sentence}\n")
         notes = {n for r in runs for n in (r.get("notes") or [])}
         for note in sorted(notes):
@@ -396,11 +503,14 @@ def _json_default(value: Any) -> Any:
 def cmd_tasks(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from tasks import all_tasks, broken_tasks
 
-    tasks = [t for t in all_tasks().values() if not args.family or t.spec.family == args.family]
+    tasks = [t for t in all_tasks().values() if not args.family or t.spec.family == args.family
+             or (args.family == "pkb" and t.spec.family.startswith("pkb-"))]
     for name, why in broken_tasks().items():
         print(f"warning: task module {name} did not load and is left out: {why}", file=sys.stderr)
     if args.family and not tasks:
         raise PkbError(f"No task in family {args.family!r}.")
+    if args.traffic:
+        return _print_traffic(args, tasks, out)
     if args.json:
         json.dump([{
             "id": t.id, "title": t.spec.title, "family": t.spec.family, "source": t.spec.source, "why": t.spec.why,
@@ -413,6 +523,79 @@ def cmd_tasks(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     rows = [(t.id, t.spec.family, ",".join(t.spec.modes), t.spec.source[:70]) for t in tasks]
     _print_table(("task", "family", "modes", "source"), rows, out)
     return EXIT_OK
+
+
+TRAFFIC_QUANTITIES = ("send_bytes", "recv_bytes", "payload_bytes", "memory_bytes", "flops")
+
+
+def _print_traffic(args: argparse.Namespace, tasks: list[Any], out: TextIO) -> int:
+    """Each task's traffic measured from its baseline's calls (engine/interposer.py) beside its
+    hand-written model, the busiest rank's figure for each quantity; '*' marks a difference over
+    10% (docs/traffic-audit.md explains them)."""
+    from pkb_tui.engine.interposer import MeasureRequest, measure
+
+    ws, dtype, size = args.world_size, args.dtype, args.size
+    runnable = []
+    for task in tasks:
+        try:
+            # any mode the task runs in: measuring tolerates calls gloo rejects on argument checks
+            task.check_request(world_size=ws, mode=task.spec.modes[0],
+                               dtype=dtype if dtype in task.spec.dtypes else task.spec.dtypes[0], size=size)
+            runnable.append(task)
+        except PkbError as exc:
+            out.write(f"{task.id}: not measured: {exc}\n")
+    print(f"measuring {len(runnable)} baselines on {ws} gloo ranks ...", file=sys.stderr)
+    measured = measure(MeasureRequest(tuple(t.id for t in runnable), ws, dtype, size)) if runnable else {}
+    rows, report = [], []
+    for task in runnable:
+        result = measured[task.id]
+        if isinstance(result, str):
+            rows.append((task.id, "-", "-", "-", "-", "-", f"not measured: {result[:80]}"))
+            continue
+        mine = _busiest([m.traffic() for m in result])
+        hand = None
+        if not task.id.startswith("pkb/"):
+            try:
+                hand = _busiest([task.traffic(task.context(rank=r, world_size=ws, dtype=dtype, size=size)) for r in range(ws)])
+            except Exception as exc:
+                hand = None
+                report.append(f"{task.id}: hand-written model failed: {type(exc).__name__}: {exc}")
+        cells, flags = [], []
+        for quantity in TRAFFIC_QUANTITIES:
+            m = getattr(mine, quantity)
+            h = getattr(hand, quantity) if hand is not None else None
+            differs = h is not None and abs(m - h) > 0.10 * max(abs(m), abs(h))
+            if differs:
+                flags.append(quantity.replace("_bytes", ""))
+            cells.append(f"{_si(m)} / {_si(h) if h is not None else '-'}{' *' if differs else ''}")
+        rows.append((task.id, *cells, ", ".join(flags)))
+        report.append(json.dumps({"task": task.id, "measured": mine.__dict__, "hand_written": hand.__dict__ if hand else None}))
+    if args.json:
+        json.dump([json.loads(line) for line in report if line.startswith("{")], out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    out.write(f"traffic per call, busiest rank: measured from the baseline's calls / hand-written model "
+              f"({ws} ranks, {dtype}, size {size}; * = differs by more than 10%)\n")
+    _print_table(("task", "send", "recv", "payload", "memory", "flops", "differs"), rows, out)
+    for line in report:
+        if not line.startswith("{"):
+            out.write(line + "\n")
+    return EXIT_OK
+
+
+def _busiest(per_rank: list[Any]) -> Any:
+    """Per quantity, the largest over ranks (as the launcher's roofline takes it)."""
+    from tasks.base import Traffic
+
+    return Traffic(**{q: max(getattr(t, q) for t in per_rank) for q in TRAFFIC_QUANTITIES},
+                   bus_factor=per_rank[0].bus_factor, source=per_rank[0].source)
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:g}"
 
 
 def cmd_models(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
@@ -428,9 +611,13 @@ def cmd_models(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         } for m in models], out, indent=2)
         out.write("\n")
         return EXIT_OK
-    rows = [(m.display_name, f"{len(m.covers(task_ids))}/{len(task_ids)}", m.manifest.get("backend", "-"), str(m.path or "(built in)"))
-            for m in models]
-    _print_table(("model", "tasks", "backend", "path"), rows, out)
+    rows = [(m.display_name, f"{len(m.covers(task_ids))}/{len(task_ids)}", m.manifest.get("backend", "-"),
+             m.manifest.get("provider", "-"), m.manifest.get("model", "-") if m.pkb is not None else "-",
+             str(m.path or "(built in)")) for m in models]
+    _print_table(("model", "tasks", "backend", "provider", "model slug", "path"), rows, out)
+    for m in models:
+        if m.manifest.get("notes") and m.path is not None and not m.covers(task_ids):
+            out.write(f"note: {m.name}: {m.manifest['notes']}\n")
     return EXIT_OK
 
 
@@ -453,6 +640,34 @@ def cmd_runs(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     _print_table(("run", "when", "task", "model", "status", "mode", "ranks", "baseline µs", "candidate µs",
                   f"speedup ({args.speedup_basis})"), table, out)
     _cpu_note(rows, out)
+    return EXIT_OK
+
+
+def cmd_board(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.pkb.board import board_rows, problem_scores
+    from pkb_tui.store import Store
+
+    try:
+        ks = tuple(int(v) for v in _split(args.k))
+        ps = tuple(float(v) for v in _split(args.p))
+    except ValueError:
+        raise PkbError("--k takes whole numbers and --p numbers, comma separated (e.g. --k 1,5 --p 1,1.5).") from None
+    if any(k < 1 for k in ks):
+        raise PkbError("--k values must be at least 1.")
+    with Store(db) as store:
+        scores = problem_scores(store.conn, prefix=args.prefix)
+    if args.json:
+        json.dump([{
+            "model": s.model, "problems": len(s.problems),
+            "pass_at": {str(k): s.pass_at(k) for k in ks}, "fast": {str(p): s.fast(p) for p in ps},
+            "per_problem": [{"task": p.task_id, "runs": p.runs, "correct_runs": p.correct_runs,
+                             "pass_at": {str(k): p.pass_at(k) for k in ks}, "latest_speedup": p.latest_speedup,
+                             "fast": {str(q): p.fast(q) for q in ps}} for p in s.problems],
+        } for s in scores], out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    header = ("model", "problems", *(f"pass@{k}" for k in ks), *(f"fast_{p:g}" for p in ps))
+    _print_table(header, board_rows(scores, ks, ps), out)
     return EXIT_OK
 
 
@@ -638,6 +853,7 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
 
 COMMANDS = {
     "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show, "rm": cmd_rm,
+    "board": cmd_board,
     "monitor": cmd_monitor, "calibrate": cmd_calibrate, "export": cmd_export, "query": cmd_query,
 }
 

@@ -33,6 +33,7 @@ FAMILIES = (
     "collective", "tensor", "sequence", "context", "expert", "data", "fsdp", "pipeline",
     "vocab", "graph", "scientific", "other",
 )
+PKB_FAMILY_PREFIX = "pkb-"  # families of ParallelKernelBench problems (pkb_tui/pkb): pkb-collective, ...
 MODES = ("nccl", "shared-gpu", "cpu")
 SIZE_NAMES = ("small", "default", "large")
 
@@ -44,12 +45,21 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
+def family_known(family: str) -> bool:
+    """One of FAMILIES, or one of them behind "pkb-" (a ParallelKernelBench problem)."""
+    return family in FAMILIES or (family.startswith(PKB_FAMILY_PREFIX) and family[len(PKB_FAMILY_PREFIX):] in FAMILIES)
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """|candidate - reference| <= atol + rtol * |reference|, element-wise."""
 
     atol: float
     rtol: float
+    # PKB compatibility (pkb_tui/pkb): judge like ParallelKernelBench's own check (allclose on
+    # float copies, no dtype check), and/or report a second verdict beside the judging one.
+    pkb_style: bool = False
+    second: "Tolerance | None" = None
 
 
 # Reductions in low precision need room that grows with the number of summed terms; these are the
@@ -133,6 +143,9 @@ class OutputTolerance:
     k: float = 3.0
     floor_ulps: float = 1.0
     floor_relative: float = 1e-6
+    # ParallelKernelBench problems (pkb_tui/pkb): "second" reports PKB's allclose(1e-2, 1e-2)
+    # beside this rule's verdict when they differ; "judge" lets PKB's allclose judge and reports this rule's.
+    pkb: str | None = None
 
 
 DEFAULT_OUTPUT_TOLERANCE = OutputTolerance()
@@ -164,6 +177,7 @@ class Traffic:
     bus_factor: float = 1.0
     tf32_flops: int = 0
     messages: int = 1  # dependent messages in a row on the critical path: the roofline's latency term counts alpha per message
+    source: str = ""  # "" for a hand-written model; "measured from the baseline's calls" (engine/interposer.py)
 
     @property
     def wire_bytes(self) -> int:
@@ -218,6 +232,7 @@ class TaskContext:
     seed: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     mode: str = "cpu"
+    trial: int | None = None  # the trial's index when the caller knows it (PKB's inputs are seeded by it)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -287,12 +302,12 @@ class Task:
 
     def context(
         self, *, rank: int, world_size: int, dtype: str, size: str, seed: int = 0,
-        device: torch.device | None = None, mode: str = "cpu",
+        device: torch.device | None = None, mode: str = "cpu", trial: int | None = None,
     ) -> TaskContext:
         return TaskContext(
             rank=rank, world_size=world_size, dtype_name=dtype, size=size,
             params=dict(self.spec.sizes[size]), seed=seed,
-            device=device or torch.device("cpu"), mode=mode,
+            device=device or torch.device("cpu"), mode=mode, trial=trial,
         )
 
     def check_request(self, *, world_size: int, mode: str, dtype: str, size: str) -> None:
@@ -331,7 +346,7 @@ def _task_from_module(module: ModuleType) -> Task:
     missing = [name for name in _REQUIRED if not callable(getattr(module, name, None))]
     if missing:
         raise PkbError(f"Task module {module.__name__} lacks {', '.join(missing)}; see tasks/base.py.")
-    if spec.family not in FAMILIES:
+    if not family_known(spec.family):
         raise PkbError(f"Task {spec.id} has unknown family {spec.family!r}; use one of {', '.join(FAMILIES)}.")
     unknown_dtypes = [d for d in spec.dtypes if d not in DTYPES]
     if unknown_dtypes:
@@ -374,11 +389,29 @@ def _one_line(exc: BaseException) -> str:
 
 
 def all_tasks() -> dict[str, Task]:
-    """Every task that loads, by id (imported once per process); broken_tasks() names the rest."""
+    """Every task that loads, by id (imported once per process); broken_tasks() names the rest.
+
+    With $PKB_ROOT set (a ParallelKernelBench clone), its problems follow as pkb/<N>_<name>
+    (pkb_tui/pkb/tasks.py). Rank processes inherit the launcher's environment, so setting
+    os.environ["PKB_ROOT"] before a launch (pkb_tui.pkb.activate does) makes load_task("pkb/...")
+    work in every process of the run.
+    """
     global _registry, _broken
     if _registry is None:
         _registry, _broken = _discover()
-    return _registry
+    pkb = _pkb_tasks()
+    return {**_registry, **pkb} if pkb else _registry
+
+
+def _pkb_tasks() -> dict[str, Task]:
+    import os
+
+    root = os.environ.get("PKB_ROOT")
+    if not root:
+        return {}
+    from pkb_tui.pkb.tasks import pkb_tasks  # late: pkb_tui.pkb imports this module
+
+    return pkb_tasks(root)
 
 
 def broken_tasks() -> dict[str, str]:
@@ -391,7 +424,9 @@ def load_task(task_id: str) -> Task:
     tasks = all_tasks()
     if task_id not in tasks:
         hint = ""
+        if task_id.startswith("pkb/") and not _pkb_tasks():
+            hint = " ParallelKernelBench problems need --pkb-root DIR (or $PKB_ROOT) pointing at a clone."
         if _broken:
-            hint = " " + "; ".join(f"{name} failed to load ({why})" for name, why in sorted(_broken.items())) + "."
+            hint += " " + "; ".join(f"{name} failed to load ({why})" for name, why in sorted(_broken.items())) + "."
         raise PkbError(f"Unknown task {task_id!r}; `pkb-tui tasks` lists the {len(tasks)} known ones.{hint}")
     return tasks[task_id]

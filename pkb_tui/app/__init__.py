@@ -23,6 +23,11 @@ def run_app(db_path: Path, runs_dir: Path | None = None, *, prometheus: str | No
         print(f"The dashboard needs textual ({exc}); install it with `pip install textual plotext`, "
               f"or use the headless commands (pkb-tui run / runs / show).", file=sys.stderr)
         return 3
+    from pkb_tui.pkb.settings import apply_remembered
+
+    problem = apply_remembered()  # the PKB clone of an earlier `pkb-tui --pkb-root DIR`
+    if problem:
+        print(problem, file=sys.stderr)
     try:
         from pkb_tui.app.config import AppConfig
 

@@ -80,6 +80,8 @@ def load_catalog() -> Catalog:
         ids = [t.id for t in catalog.tasks]
         for model in list_models():
             notes = str(model.manifest.get("notes") or model.manifest.get("provider") or "")
+            if model.manifest.get("format") == "pkb":  # a PKB generator folder: provider · model slug
+                notes = " · ".join(str(model.manifest[k]) for k in ("provider", "model", "backend") if model.manifest.get(k))
             covered = model.covers(ids)
             catalog.models.append(ModelInfo(model.name, len(covered), len(ids), notes,
                                             None if model.is_baseline else frozenset(covered)))

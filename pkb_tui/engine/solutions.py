@@ -6,6 +6,10 @@ name, always: the manifest's "model" is only a label shown beside it, so a manif
 folder's runs count as another model's (its leaderboard entry, its history). The pseudo-model "baseline" runs
 the task's baseline as the candidate: a self-check and a way to time the baseline alone.
 
+A folder of ParallelKernelBench candidates (a generator's `solutions_*` folder, or any folder of
+`<stem>_<backend>.py` files) is a model too: its files resolve for the tasks `pkb/<stem>`
+(pkb_tui/pkb/solutions.py), and the generator folders of the clone at $PKB_ROOT are listed.
+
 Candidate code is untrusted: the launcher only parses it (syntax, a `solution` function with the
 baseline's arity); it is imported in the rank processes alone.
 """
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pkb_tui.errors import PkbError
+from pkb_tui.pkb import solutions as pkb_layout
 
 BASELINE_MODEL = "baseline"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +35,8 @@ def search_dirs() -> list[Path]:
     separated), ./solutions, then the solutions/ folder shipped with the project."""
     dirs = [Path(p) for p in os.environ.get("PKB_SOLUTIONS", "").split(os.pathsep) if p]
     dirs += [Path.cwd() / "solutions", PROJECT_ROOT / "solutions"]
+    if os.environ.get("PKB_ROOT"):
+        dirs.append(Path(os.environ["PKB_ROOT"]))  # its solutions_* folders (list_models keeps only those)
     unique: list[Path] = []
     for d in dirs:
         if d.is_dir() and d.resolve() not in [u.resolve() for u in unique]:
@@ -42,13 +49,15 @@ class SolutionSet:
     name: str
     path: Path | None  # None for the baseline pseudo-model
     manifest: dict = field(default_factory=dict)
+    pkb: pkb_layout.PkbFolder | None = None  # set when the folder holds PKB candidates
 
     @property
     def is_baseline(self) -> bool:
         return self.path is None
 
     def files(self) -> dict[str, Path]:
-        """task id -> solution file. A file may be <task_id>.py or <N>_<task_id>.py."""
+        """task id -> solution file. A file may be <task_id>.py or <N>_<task_id>.py; a PKB
+        candidate <stem>_<backend>.py (of the chosen backend) serves the task pkb/<stem>."""
         if self.path is None:
             return {}
         out: dict[str, Path] = {}
@@ -56,9 +65,13 @@ class SolutionSet:
             if file.name.startswith("_"):
                 continue
             out[file.stem] = file
+        if self.pkb is not None:
+            out.update(pkb_layout.solution_files(self.path, self.pkb.backend))
         return out
 
     def solution_file(self, task_id: str) -> Path | None:
+        if self.pkb is not None and self.path is not None and task_id.startswith("pkb/"):
+            return pkb_layout.solution_for(self.path, self.pkb.backend, task_id)
         return self.files().get(task_id)
 
     @property
@@ -75,7 +88,7 @@ class SolutionSet:
         if self.is_baseline:
             return list(task_ids)
         files = self.files()
-        return [t for t in task_ids if t in files]
+        return [t for t in task_ids if t in files or (t.startswith("pkb/") and self.solution_file(t) is not None)]
 
 
 def _load_manifest(path: Path) -> dict:
@@ -91,21 +104,32 @@ def _load_manifest(path: Path) -> dict:
     return data
 
 
+def _solution_set(name: str, path: Path) -> SolutionSet:
+    """A folder as a model: its manifest, and what its PKB naming says (manifest fields win)."""
+    manifest = _load_manifest(path)
+    pkb = pkb_layout.pkb_folder(path)
+    if pkb is not None:
+        manifest = {**pkb.manifest(), **manifest}
+    return SolutionSet(name, path, manifest, pkb)
+
+
 def find_model(name_or_path: str) -> SolutionSet:
     if name_or_path == BASELINE_MODEL:
         return SolutionSet(BASELINE_MODEL, None, {"model": "baseline", "notes": "the task's own baseline"})
     as_path = Path(name_or_path).expanduser()
     if as_path.is_dir() and (os.sep in name_or_path or name_or_path.startswith(".")):
         path = as_path.resolve()
-        return SolutionSet(_folder_name(path), path, _load_manifest(path))
+        return _solution_set(_folder_name(path), path)
+    clone = Path(os.environ["PKB_ROOT"]).resolve() if os.environ.get("PKB_ROOT") else None
     for directory in search_dirs():
         candidate = directory / name_or_path
+        if clone is not None and directory.resolve() == clone and candidate not in pkb_layout.clone_model_dirs(directory):
+            continue  # in a PKB clone only its solutions_* folders are models (not reference/, utils/)
         if candidate.is_dir():
-            manifest = _load_manifest(candidate)
-            return SolutionSet(name_or_path, candidate.resolve(), manifest)
+            return _solution_set(name_or_path, candidate.resolve())
     if as_path.is_dir():
         path = as_path.resolve()
-        return SolutionSet(_folder_name(path), path, _load_manifest(path))
+        return _solution_set(_folder_name(path), path)
     known = ", ".join(m.name for m in list_models())
     raise PkbError(f"Unknown model {name_or_path!r}: no such solution set (known: {known}) and no such folder.")
 
@@ -118,10 +142,16 @@ def _folder_name(path: Path) -> str:
 
 def list_models() -> list[SolutionSet]:
     seen: dict[str, SolutionSet] = {BASELINE_MODEL: find_model(BASELINE_MODEL)}
+    clone = Path(os.environ["PKB_ROOT"]).resolve() if os.environ.get("PKB_ROOT") else None
     for directory in search_dirs():
-        for child in sorted(directory.iterdir()):
+        in_clone = clone is not None and directory.resolve() == clone
+        children = pkb_layout.clone_model_dirs(directory) if in_clone else sorted(directory.iterdir())
+        for child in children:
             if child.is_dir() and not child.name.startswith((".", "_")) and child.name not in seen:
-                seen[child.name] = SolutionSet(child.name, child.resolve(), _load_manifest(child))
+                try:
+                    seen[child.name] = _solution_set(child.name, child.resolve())
+                except PkbError as exc:  # e.g. several PKB backends and no --backend: listed, with why
+                    seen[child.name] = SolutionSet(child.name, child.resolve(), {"notes": str(exc)})
     return list(seen.values())
 
 

@@ -544,7 +544,8 @@ class Rank:
     def _context(self, task: Task, item: RunItem, label: Any) -> Any:
         req = self.request
         return task.context(rank=self.rank, world_size=self.world_size, dtype=req.dtype, size=req.size,
-                            seed=_trial_seed(self.secret_seed, item.task, label), device=self.device, mode=self.mode)
+                            seed=_trial_seed(self.secret_seed, item.task, label), device=self.device, mode=self.mode,
+                            trial=label if isinstance(label, int) else None)  # PKB problems seed their inputs by it
 
     def _trials(self, item: RunItem, task: Task, rule: Rule, candidate: RunnerProcess, deadline: float,
                 abort: Any) -> tuple[str, str | None]:

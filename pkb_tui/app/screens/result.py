@@ -108,7 +108,7 @@ def method_row(cells: dict[str, dict[str, Any] | None], method: str) -> tuple[st
     return (f"{method} med", *texts)  # type: ignore[return-value]
 
 
-def roofline_cell(result: dict[str, Any] | None) -> Text:
+def roofline_cell(result: dict[str, Any] | None, traffic_source: str | None = None) -> Text:
     result = result or {}
     fraction = result.get("roofline_fraction")
     text = Text(bar(fraction, GAUGE_WIDTH), style="cyan")
@@ -117,6 +117,9 @@ def roofline_cell(result: dict[str, Any] | None) -> Text:
         text.append(f" {result['roofline_bound']}-bound")
     text.append(f"\nfloor {fmt_us(result.get('roofline_floor_us'))} · {result.get('bandwidth_source') or 'no bandwidth figure'}",
                 style="dim")
+    source = (result.get("traffic") or {}).get("source") or traffic_source
+    if source:
+        text.append(f"\ntraffic {source}", style="dim")
     return text
 
 
@@ -161,7 +164,9 @@ def comparison_table(run: dict[str, Any]) -> Table:
     rows.append(("min–max", *(Text(f"{fmt_us((cells[v] or {}).get('min_us'))} – {fmt_us((cells[v] or {}).get('max_us'))}",
                                    style="dim") for v in VARIANTS)))
     rows.append(("speedup", *(speedup_cell(cells[v], v) for v in VARIANTS)))
-    rows.append(("roofline", *(roofline_cell(cells[v]) for v in VARIANTS)))
+    # ParallelKernelBench problems have no hand-written model: theirs is measured (engine/interposer.py)
+    measured = "measured from the baseline's calls" if str(run.get("task_id", "")).startswith("pkb/") else None
+    rows.append(("roofline", *(roofline_cell(cells[v], measured) for v in VARIANTS)))
     rows.append(("bus bw", *(Text(fmt_gbps((cells[v] or {}).get("bus_bandwidth_gbps"))) for v in VARIANTS)))
     rows.append(("wire/iter", *(wire_cell(cells[v]) for v in VARIANTS)))
     for label, *values in rows:
@@ -185,6 +190,24 @@ def trials_table(run: dict[str, Any]) -> Table | Text:
             trial.get("message") or "",
         )
     return table
+
+
+def verdicts_note(run: dict[str, Any]) -> Text | None:
+    """Both verdicts, when a ParallelKernelBench run's two checks (this project's and PKB's
+    allclose) disagree on some trial: the judging one and the other, trial by trial."""
+    from pkb_tui.engine.compare import VERDICTS_DIFFER
+
+    trials = [t for t in run.get("trial_results") or [] if t["trial"] >= 0]
+    differing = [t for t in trials if VERDICTS_DIFFER in (t.get("message") or "")]
+    if not differing:
+        return None
+    pkb = ((run.get("request") or {}).get("extra") or {}).get("pkb") or {}
+    judge, other = ("PKB's allclose(1e-2, 1e-2)", "pkb-tui's check") if pkb.get("tolerance") == "pkb" \
+        else ("pkb-tui's check", "PKB's allclose(1e-2, 1e-2)")
+    judged_passed = sum(1 for t in trials if t["correct"])
+    other_passed = judged_passed + sum(1 if not t["correct"] else -1 for t in differing)
+    return Text(f"verdicts differ: {judge} (judging) {judged_passed}/{len(trials)} trials, "
+                f"{other} {other_passed}/{len(trials)}", style="yellow")
 
 
 def kernels_coverage(run: dict[str, Any]) -> str:
@@ -340,7 +363,9 @@ class ResultScreen(Screen):
             self.query_one("#result-sides", Static).update(Text(
                 "No figures: the run ended before any variant was timed (the reason is above; the log has the rest).",
                 style="dim"))
-        self.query_one("#result-trials", Static).update(Group(Text("Trials", style="bold underline"), trials_table(run)))
+        note = verdicts_note(run)
+        self.query_one("#result-trials", Static).update(Group(
+            Text("Trials", style="bold underline"), *([note] if note else []), trials_table(run)))
         self.query_one("#result-kernels", Static).update(Group(
             Text.assemble(("Top kernels", "bold underline"), *([(f"  {cover}", "dim")] if (cover := kernels_coverage(run)) else [])),
             kernels_table(run),
