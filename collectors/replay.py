@@ -496,3 +496,11 @@ def _text_or_none(value: Any) -> str | None:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _try(fn: Any) -> Any:
+    """An NVML query's answer, or None where this GPU (or the library) has none."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - NVMLError of any kind, or a call the binding lacks
+        return None

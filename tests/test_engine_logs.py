@@ -113,7 +113,8 @@ def test_a_rank_that_dies_mid_run_shows_what_it_said_and_is_the_candidates_failu
     with Store(db) as store:
         detail = store.run(1)["status_detail"]
     first = detail.splitlines()[0]
-    assert "rank 1 failed (exit code 7): CUDA error: an illegal memory access was encountered" in first
+    # The judge saw its runner die: the rank, the exit code and the candidate's own last words.
+    assert "rank 1 exited with code 7: CUDA error: an illegal memory access was encountered" in first, first
     assert "ChildFailedError" not in detail
 
 

@@ -39,7 +39,12 @@ from tasks.base import SIZE_NAMES, Traffic, all_tasks, broken_tasks, load_task
 EventCallback = Callable[[ev.Event, "int | None"], None]
 
 HEARTBEAT_TIMEOUT_S = 60.0
-JUDGE_GRACE_S = 60.0  # beyond a run's timeout, for its judges to end the candidate and report
+
+
+def judge_grace_s(timeout_s: float) -> float:
+    """Beyond a run's timeout, for its judges to end the candidate and report (a quarter of the
+    timeout, 5-60 s), so the timeout still bounds the wall time, start-up included."""
+    return min(60.0, max(5.0, 0.25 * float(timeout_s)))
 # Never let a rank switch NVLink multicast on (it can take a shared host's GPUs out of service).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -273,7 +278,7 @@ class Launcher:
         # The timeout bounds each run's wall time: the launch's first run counts the ranks' start-up
         # too, later ones the time since the last finished. The judges end a candidate that outlives
         # its timeout themselves; the grace is for them to do so and report.
-        deadline = started + request.timeout_s + JUDGE_GRACE_S
+        deadline = started + request.timeout_s + judge_grace_s(request.timeout_s)
         last_beat = started
         any_run_started = False
 
@@ -317,7 +322,7 @@ class Launcher:
                 self._finish(store, state, event.status, event.detail, None, request=request)
                 pending.discard(event.item)
                 current = None
-                deadline = time.monotonic() + request.timeout_s + JUDGE_GRACE_S
+                deadline = time.monotonic() + request.timeout_s + judge_grace_s(request.timeout_s)
             run_id = state.run_id if state is not None else None
             if on_event is not None:
                 on_event(event, run_id)

@@ -118,6 +118,7 @@ class RunnerProcess:
 
     def __init__(self, judge: Rank, label: str, port: int, log_path: Path) -> None:
         self.judge, self.label = judge, label
+        self.log_path = log_path
         to_runner_r, self.to_runner = os.pipe()
         self.from_runner, from_runner_w = os.pipe()
         self.arena = channel.Arena(judge.device, 1 << 20 if judge.device.type == "cuda" else 64 * 2**20)
@@ -171,7 +172,7 @@ class RunnerProcess:
                     return channel.receive(self.from_runner, deadline)
                 code = self.proc.poll()
                 if code is not None:
-                    raise CandidateFailure("error", f"the {self.label}'s process on rank {self.judge.rank} exited with code {code}")
+                    raise CandidateFailure("error", self._exited(code))
                 if abort is not None and abort():
                     raise CandidateFailure("error", "stopped: another rank's runner failed")
         except channel.ChannelError as exc:
@@ -180,10 +181,15 @@ class RunnerProcess:
             except subprocess.TimeoutExpired:
                 code = None
             if code is not None:
-                raise CandidateFailure("error", f"the {self.label}'s process on rank {self.judge.rank} exited with code {code}") from exc
+                raise CandidateFailure("error", self._exited(code)) from exc
             if "deadline" in str(exc):
                 raise CandidateFailure("timeout", f"the {self.label} did not answer within its timeout on rank {self.judge.rank}") from exc
             raise CandidateFailure("error", f"the {self.label} on rank {self.judge.rank} broke the protocol: {exc}") from exc
+
+    def _exited(self, code: int) -> str:
+        """The sentence for a runner that died: its exit code and the last thing it said."""
+        said = _last_lines(self.log_path, 3)
+        return f"the {self.label}'s process on rank {self.judge.rank} exited with code {code}" + (f": {said}" if said else "")
 
     def ensure_arena(self, nbytes: int, deadline: float, abort: Any = None) -> None:
         if nbytes > self.arena.nbytes:
@@ -240,6 +246,19 @@ class RunnerProcess:
             except OSError:
                 pass
         self.arena.close()
+
+
+def _last_lines(path: Path, count: int, limit: int = 8192) -> str:
+    """The last non-empty lines of a runner's log (a regular file only; at most ``limit`` bytes read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - limit))
+        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    return " | ".join(lines[-count:])[:600]
 
 
 def _regrow_memfd(old: channel.Arena, nbytes: int) -> channel.Arena:

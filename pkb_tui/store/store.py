@@ -205,6 +205,10 @@ class Store(GenerateStore):
             conn.execute("PRAGMA synchronous = NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except (sqlite3.DatabaseError, PkbError) as exc:
+            if isinstance(exc, PkbError) and exc.exit_code == EXIT_HARNESS:
+                raise  # already the "damaged" sentence
+            if "malformed" in str(exc.__cause__ or exc):
+                raise PkbError(damaged_database(self.path, exc.__cause__ or exc), exit_code=EXIT_HARNESS) from exc
             raise PkbError(
                 f"{self.path} is not a pkb-tui database or is corrupt ({exc.__cause__ or exc}); "
                 "move it aside or pass another --db."
@@ -220,8 +224,13 @@ class Store(GenerateStore):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {index + 1}")
                 conn.execute("COMMIT")
-            except sqlite3.DatabaseError as exc:
-                conn.execute("ROLLBACK")
+            except (sqlite3.DatabaseError, PkbError) as exc:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.DatabaseError:
+                    pass
+                if (isinstance(exc, PkbError) and exc.exit_code == EXIT_HARNESS) or "malformed" in str(exc):
+                    raise PkbError(damaged_database(self.path, exc), exit_code=EXIT_HARNESS) from exc
                 raise PkbError(f"Could not migrate {self.path} to schema {index + 1}: {exc}.") from exc
         return conn
 
