@@ -393,7 +393,7 @@ def measure_noise_floor(
     tasks = tasks or NOISE_TASKS
     say(f"noise floor: the baseline against itself, {len(tasks)} tasks at size {size}, {mode} x{world_size}")
     request = RunRequest(tasks=list(tasks), models=["baseline"], world_size=world_size, mode=mode, size=size,
-                         trials=1, profile=False, telemetry=False, timeout_s=600.0)
+                         trials=1, profile=False, timeout_s=600.0)
     outcome = Launcher(db_path).run(request)
     per_task: dict[str, Any] = {}
     estimates = []
