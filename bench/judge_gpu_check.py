@@ -213,7 +213,7 @@ def part_spin(out: Path, report: dict) -> None:
 
 
 def part_selfcheck(out: Path, report: dict, size: str = "small", timeout_s: int = 25) -> None:
-    doc, events = cli(out, "selfcheck", ["--task", "all", "--model", "baseline", "--world-size", "1", "--mode", "nccl",
+    doc, events = cli(out, "selfcheck", ["--task", os.environ.get("SELFCHECK_TASKS", "all"), "--model", "baseline", "--world-size", "1", "--mode", "nccl",
                                          "--size", size, "--trials", "1", "--iterations", "1", "--no-profile",
                                          "--timeout", str(timeout_s)], timeout_s=560)
     intervals = {r["task"]: r for r in (doc or {}).get("runs", [])}

@@ -461,32 +461,37 @@ class Rank:
                 port = s.getsockname()[1]
         return int(self.agree(port)[0])
 
-    def _start_runner(self, label: str, log_path: Path, deadline: float) -> RunnerProcess:
-        runner = RunnerProcess(self, label, self._port(), log_path)
+    def _start_runners(self, wanted: list[tuple[str, Path]], deadline: float) -> list[RunnerProcess]:
+        """Start runners side by side (their start-ups overlap) and wait until each one's process
+        group is up; every judge agrees on any failure, and the runners are stopped till needed."""
+        ports = [self._port() for _ in wanted]
+        runners = [RunnerProcess(self, label, port, log_path) for (label, log_path), port in zip(wanted, ports)]
         failure = None
-        try:
-            reply = channel.receive(runner.from_runner, deadline)  # sent once its process group is up
-            if not reply.get("ok"):
-                failure = ("error", str(reply.get("error"))[:2000])
-            elif reply.get("sandbox_note"):
-                self.runner_note = str(reply["sandbox_note"])[:300]
-        except channel.ChannelError as exc:
-            code = runner.proc.poll()
-            failure = ("timeout" if code is None else "error",
-                       f"the {label}'s process on rank {self.rank} did not start"
-                       + (f" (exit code {code})" if code is not None else "") + f": {exc}")
+        for runner in runners:
+            try:
+                reply = channel.receive(runner.from_runner, deadline)  # sent once its process group is up
+                if not reply.get("ok"):
+                    failure = failure or ("error", str(reply.get("error"))[:2000])
+                elif reply.get("sandbox_note"):
+                    self.runner_note = str(reply["sandbox_note"])[:300]
+            except channel.ChannelError as exc:
+                code = runner.proc.poll()
+                failure = failure or ("timeout" if code is None else "error",
+                                      f"the {runner.label}'s process on rank {self.rank} did not start"
+                                      + (f" (exit code {code})" if code is not None else "") + f": {exc}")
         failures = [f for f in self.agree(failure) if f]
         if failures:
-            runner.close()
+            for runner in runners:
+                runner.close()
             raise CandidateFailure(*failures[0])
-        runner.pause()
-        return runner
+        for runner in runners:
+            runner.pause()
+        return runners
 
     def _baseline_runner(self, deadline: float) -> RunnerProcess:
-        if self.baseline_runner is None or self.baseline_runner.proc.poll() is not None:
-            if self.baseline_runner is not None:
-                self.baseline_runner.close()
-            self.baseline_runner = self._start_runner("baseline", self.log_dir / f"baseline.rank{self.rank}.log", deadline)
+        if self.baseline_runner is None:
+            (self.baseline_runner,) = self._start_runners(
+                [("baseline", self.log_dir / f"baseline.rank{self.rank}.log")], deadline)
         return self.baseline_runner
 
     def _abort_key(self, item: RunItem) -> str:
@@ -531,7 +536,14 @@ class Rank:
         try:
             try:
                 start_s = _monotonic()
-                candidate = self._start_runner("candidate", log_path, deadline)
+                # The baseline's runner is as new as the candidate's (a long-lived one would be warmer:
+                # allocator pools, library handles), started beside it so the start-ups overlap.
+                wanted = [("candidate", log_path)]
+                if req.timing:
+                    wanted.append(("baseline", self.log_dir / f"item{item.index:03d}.rank{self.rank}.baseline.log"))
+                started = self._start_runners(wanted, deadline)
+                candidate = started[0]
+                self.baseline_runner = started[1] if len(started) > 1 else None
                 failure = None
                 try:
                     _expect_ok(candidate.request({"op": "load", "task": item.task, "solution_path": item.solution_path},
@@ -558,7 +570,10 @@ class Rank:
         finally:
             if candidate is not None:
                 candidate.close()
-            _end_children(keep=self.baseline_runner.pid if self.baseline_runner else None)
+            if self.baseline_runner is not None:
+                self.baseline_runner.close()
+                self.baseline_runner = None
+            _end_children()
 
     def _context(self, task: Task, item: RunItem, label: Any) -> Any:
         req = self.request
