@@ -150,3 +150,15 @@ def test_live_80x24(app, snap_compare):
 
 def test_live_200x50(app, snap_compare):
     assert snap_compare(app, run_before=lambda pilot: show_live(app, pilot), terminal_size=(200, 50))
+
+
+def test_the_judges_streamed_round_figures_reach_the_live_timing() -> None:
+    from pkb_tui.app.live_state import LiveState
+    from pkb_tui.engine import events as ev
+
+    state = LiveState()
+    state.apply(ev.RunStarted(item=0, task="all_reduce", model="torch-p2p", trials=1), 1, now=0.0)
+    state.apply(ev.BlockTimes(item=0, variant="baseline", method="eager", per_call_us=[10.0, 11.0]), 1, now=1.0)
+    state.apply(ev.BlockTimes(item=0, variant="candidate", method="graph", per_call_us=[1.0]), 1, now=1.0)
+    state.apply(ev.BlockTimes(item=0, variant="candidate", method="eager", per_call_us=[5.0]), 1, now=1.0)
+    assert state.timing_samples == {"baseline": [10.0, 11.0], "candidate": [5.0]}  # the eager figures only

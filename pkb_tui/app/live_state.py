@@ -166,6 +166,9 @@ class LiveState:
             self.trial_results.append(event)
             if event.trial >= 0:
                 self.trial = max(self.trial or 0, event.trial + 1)
+        elif isinstance(event, ev.BlockTimes):
+            if event.method == "eager":
+                self.add_timing_samples(event.variant, event.per_call_us)
         elif isinstance(event, ev.Timing):
             self.timings[event.variant] = event
         elif isinstance(event, ev.Kernels):

@@ -94,6 +94,19 @@ class Timing(Event):
 
 
 @dataclass
+class BlockTimes(Event):
+    """While an item is timed: judge 0's per-call figures of the round just timed (its own clock,
+    the harness share of the rounds so far subtracted), for the Live screen. The stored figures
+    are the Timing event's (the slowest rank per block)."""
+
+    name: ClassVar[str] = "block_times"
+    item: int
+    variant: str
+    method: str  # eager or graph
+    per_call_us: list[float] = field(default_factory=list)
+
+
+@dataclass
 class Kernels(Event):
     name: ClassVar[str] = "kernels"
     item: int
@@ -147,7 +160,7 @@ class BatchFinished(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.name: cls for cls in (
-        BatchStarted, RunStarted, Progress, TrialResult, Timing, Kernels, LinkBytes, Error, RunFinished,
+        BatchStarted, RunStarted, Progress, TrialResult, Timing, BlockTimes, Kernels, LinkBytes, Error, RunFinished,
         Heartbeat, BatchFinished,
     )
 }

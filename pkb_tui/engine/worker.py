@@ -698,6 +698,16 @@ class Rank:
             pass
         return block, outputs, reply
 
+    def _stream_round(self, item: RunItem, series: dict) -> None:
+        """The round just timed, per variant, for the Live screen (judge 0's own figures)."""
+        nulls = sorted(b.wall_us for r in series[("baseline", "null")].rounds for b in r)
+        overhead = percentile(nulls, 50) if nulls else 0.0
+        for (variant, method), s in series.items():
+            if method != "eager" or not s.rounds or not s.rounds[-1]:
+                continue
+            self.emit(ev.BlockTimes(item=item.index, variant=variant, method=method,
+                                    per_call_us=[per_call_us(b.wall_us, overhead, b.calls) for b in s.rounds[-1]]))
+
     def _more_rounds(self, series: dict, candidate_ok: bool, rounds_done: int, least_rounds: int, elapsed_s: float,
                      budget_s: float, statistic: str) -> bool:
         """Whether to time another round (engine.stats.next_round_needed on the eager figures)."""
@@ -885,6 +895,8 @@ class Rank:
                     series[key].rounds = []
                 break
             round_index += 1
+            if self.rank == 0:
+                self._stream_round(item, series)
             # Adaptive: more rounds until the speedup's interval is narrow enough or the budget is
             # spent (judge 0 decides on its own clock's figures; every judge follows).
             more = None
