@@ -30,7 +30,8 @@ def test_every_collective_baseline_against_torch_p2p_in_one_launch(cli, tmp_db: 
         assert run["status"] == "passed", run
         assert run["correct"] is True
         assert run["baseline"]["median_us"] > 0 and run["candidate"]["median_us"] > 0
-        assert run["speedup"] == pytest.approx(run["baseline"]["median_us"] / run["candidate"]["median_us"])
+        # The speedup is the paired estimate over rounds (engine.stats), inside its own interval.
+        assert run["speedup_low"] <= run["speedup"] <= run["speedup_high"]
     with Store(tmp_db) as store:
         runs = store.runs(limit=None)
         assert len(runs) == 8 and len({r["batch_id"] for r in runs}) == 1  # one batch
