@@ -823,7 +823,7 @@ class NvLinkTopology:
         return per_link * count if per_link is not None and count else None
 
 
-def read_topology(sampler: "NvmlSampler") -> NvLinkTopology:
+def read_topology(sampler: NvmlSampler) -> NvLinkTopology:
     """Which GPU each active link reaches (remote PCI bus id against the GPUs' own), its remote
     device type and NVLink version."""
     topology = NvLinkTopology(gpus=[g.index for g in sampler.gpus])
@@ -874,7 +874,7 @@ class GpuLimits:
         return lane * self.pcie_width if lane is not None else None
 
 
-def read_limits(sampler: "NvmlSampler") -> dict[int, GpuLimits]:
+def read_limits(sampler: NvmlSampler) -> dict[int, GpuLimits]:
     out: dict[int, GpuLimits] = {}
     for gpu in sampler.gpus:
         memory = gpu.call("nvmlDeviceGetMemoryInfo")
@@ -921,7 +921,7 @@ def describe_pid(pid: int) -> tuple[str | None, str | None]:
 
 
 def read_processes(
-    sampler: "NvmlSampler", describe: Callable[[int], tuple[str | None, str | None]] | None = None,
+    sampler: NvmlSampler, describe: Callable[[int], tuple[str | None, str | None]] | None = None,
 ) -> list[GpuProcess] | None:
     """Compute processes on every sampled GPU (pid, GPU memory), named through /proc; None when no
     GPU answers the query. A replayed NVML names its own (its pids are not this machine's): it
@@ -951,7 +951,7 @@ _CALL_FIGURES = {
 }
 
 
-def unsupported_figures(sampler: "NvmlSampler") -> dict[int, dict[str, str]]:
+def unsupported_figures(sampler: NvmlSampler) -> dict[int, dict[str, str]]:
     """Per GPU: figure -> why it is n/a (asked once; NVML's answer does not change)."""
     out: dict[int, dict[str, str]] = {}
     for gpu in sampler.gpus:

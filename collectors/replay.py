@@ -444,13 +444,13 @@ def _record_constants(nvml: Any, handle: Any, active: list[int]) -> dict[str, An
     kinds: dict[str, str] = {}
     version = None
     for link in active:
-        info = _try(lambda: nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link))
+        info = _try(lambda link=link: nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link))
         if info is not None:
             remote[str(link)] = _text(info.busId)
-        kind = _try(lambda: nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
+        kind = _try(lambda link=link: nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
         if kind is not None:
             kinds[str(link)] = N.NVLINK_REMOTE_KINDS.get(int(kind), "unknown")
-        version = version or _try(lambda: nvml.nvmlDeviceGetNvLinkVersion(handle, link))
+        version = version or _try(lambda link=link: nvml.nvmlDeviceGetNvLinkVersion(handle, link))
     processes = []
     for entry in _try(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle)) or []:
         user, command = N.describe_pid(int(entry.pid))

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from collectors import nvml as nvml_info
 from collectors.host import HostSampler
@@ -59,7 +59,7 @@ class Telemetry:
         if os.environ.get("PKB_FORCE_CPU"):
             reason: str | None = "no NVIDIA GPU used: PKB_FORCE_CPU is set"
         else:
-            sampler = NvmlSampler(nvml=nvml, **({"clock": clock} if clock is not None else {}))  # clock: a replay's
+            sampler = NvmlSampler(nvml=nvml, **({"clock": clock} if clock is not None else {}))  # type: ignore[arg-type]  # clock: a replay's
             if sampler.available():
                 self.gpu, reason = sampler, None
             else:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import csv
 import json
 import sqlite3
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from pkb_tui.errors import PkbError
 

@@ -41,9 +41,10 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -148,7 +149,7 @@ class Interposer:
         self._local = threading.local()
         self._originals: dict[tuple[Any, str], Any] = {}
 
-    def install(self) -> "Interposer":
+    def install(self) -> Interposer:
         wrappers: dict[int, Callable] = {}
         for module in (c10d, dist):
             for name in WRAPPED:
@@ -167,7 +168,7 @@ class Interposer:
             setattr(module, name, original)
         self._originals.clear()
 
-    def __enter__(self) -> "Interposer":
+    def __enter__(self) -> Interposer:
         return self.install()
 
     def __exit__(self, *exc: Any) -> None:

@@ -18,8 +18,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 _perf_counter_ns = time.perf_counter_ns
 
@@ -44,7 +45,7 @@ class Runner:
         self.rank, self.world_size = int(init["rank"]), int(init["world_size"])
         self.mode = init["mode"]
         self.device = torch.device(init["device"])
-        self.fn: Callable[..., Any] | None = None
+        self.fn: Callable[..., Any] = _not_loaded
         self.arena: Any = None
         self.inputs: list[Any] = []
         self.out_specs: list[Any] = []
@@ -265,6 +266,10 @@ class Runner:
         from pkb_tui.engine.compare import find_aliasing
 
         return find_aliasing(out, [self.inputs[i]], self.previous_outputs)
+
+
+def _not_loaded(*args: Any) -> Any:
+    raise RuntimeError("no function loaded: the judge sends `load` first")
 
 
 def _clone_like(value: Any) -> Any:

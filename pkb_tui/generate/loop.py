@@ -19,10 +19,11 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pkb_tui.engine.modes import choose_mode
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, validate_solution_file
@@ -56,7 +57,7 @@ class GenerateRequest:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GenerateRequest":
+    def from_dict(cls, data: dict[str, Any]) -> GenerateRequest:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 

@@ -10,8 +10,9 @@ speedup the best correct round's (`up_to_round` cuts the chain, for "pass@k afte
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:

@@ -12,8 +12,8 @@ Kept apart from Store.leaderboard (another issue reworks it): it reads the same 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from pkb_tui.generate.metrics import pass_at_k
 

@@ -51,7 +51,7 @@ CANDIDATE_WORDS = {"pending": "to run", "no_code": "no code", "invalid": "invali
 class GenUpdate(Message):
     """One event of the generation loop, posted from its thread."""
 
-    def __init__(self, event: "GenEvent") -> None:
+    def __init__(self, event: GenEvent) -> None:
         super().__init__()
         self.event = event
 
@@ -116,7 +116,7 @@ class GenerateScreen(Screen):
         self.config_problem: str | None = None
 
     @property
-    def pkb(self) -> "PkbApp":
+    def pkb(self) -> PkbApp:
         return cast("PkbApp", self.app)
 
     def compose(self) -> ComposeResult:
@@ -260,7 +260,7 @@ class GenerateScreen(Screen):
 
         gen_run_id = None
 
-        def post(event: "GenEvent") -> None:
+        def post(event: GenEvent) -> None:
             self.post_message(GenUpdate(event))
 
         try:
@@ -312,7 +312,7 @@ class GenerateScreen(Screen):
         self.query_one("#gen-requests", RowList).focus()
 
 
-def _started(gen_run_id: int) -> "GenEvent":
+def _started(gen_run_id: int) -> GenEvent:
     from pkb_tui.generate.loop import GenEvent
 
     return GenEvent("started", gen_run_id)

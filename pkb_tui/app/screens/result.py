@@ -32,8 +32,8 @@ from pkb_tui.app.format import (
     status_label,
 )
 from pkb_tui.app.widgets.chart import PlotextChart
-from pkb_tui.engine.modes import CPU_MODE_LABEL
 from pkb_tui.app.widgets.keybar import KeyBar
+from pkb_tui.engine.modes import CPU_MODE_LABEL
 from pkb_tui.errors import PkbError
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def method_row(cells: dict[str, dict[str, Any] | None], method: str) -> tuple[st
         texts.append(Text(fmt_us(median)) if median is not None else Text(note or NA, style="dim"))
     if all(t.plain == NA for t in texts):
         return None
-    return (f"{method} med", *texts)  # type: ignore[return-value]
+    return (f"{method} med", *texts)  # type: ignore[return-value,arg-type]
 
 
 def roofline_cell(result: dict[str, Any] | None, traffic_source: str | None = None) -> Text:

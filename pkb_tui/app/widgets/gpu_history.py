@@ -11,7 +11,8 @@ back far enough. A bucket with no value is None: drawn as a gap, never as 0.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 HISTORY_COLUMNS = ("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
                    "sm_util_pct")

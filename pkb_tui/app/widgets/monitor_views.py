@@ -65,12 +65,12 @@ class SegLine:
     def __init__(self, text: str = "", style: str = "") -> None:
         self.parts: list[tuple[str, str]] = [(text, style)] if text else []
 
-    def append(self, text: str, style: str = "") -> "SegLine":
+    def append(self, text: str, style: str = "") -> SegLine:
         if text:
             self.parts.append((text, style))
         return self
 
-    def append_text(self, other: "SegLine | Text") -> "SegLine":
+    def append_text(self, other: SegLine | Text) -> SegLine:
         if isinstance(other, Text):
             self.parts.append((other.plain, str(other.style or "")))
         else:
@@ -85,7 +85,7 @@ class SegLine:
     def cell_len(self) -> int:
         return sum(len(text) for text, _ in self.parts)
 
-    def fit(self, width: int) -> "SegLine":
+    def fit(self, width: int) -> SegLine:
         """Cropped or padded with spaces to exactly ``width`` cells (a new line)."""
         out = SegLine()
         left = width
@@ -127,7 +127,7 @@ class LinesView(Widget):
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self._lines: list[Text] = []
+        self._lines: list[Text] | list[SegLine] = []
         self._strips: list[Strip] | None = None
         self._strips_width = 0
         self._base = Style()
@@ -136,7 +136,7 @@ class LinesView(Widget):
     def lines(self) -> list[Text]:
         return self._lines
 
-    def set_lines(self, lines: list[Text]) -> None:
+    def set_lines(self, lines: list[Text] | list[SegLine]) -> None:
         if lines == self._lines:
             return  # unchanged (topology, processes most frames): keep the strips, no repaint
         previous = len(self._lines)
@@ -197,10 +197,11 @@ def heat_style(fraction: float | None) -> str:
 def graph(values: list[float | None], width: int, rows: int, top: float | None) -> list[str]:
     """A bar graph ``rows`` cells tall (eighth blocks), newest on the right; None is a gap ('·')."""
     values = values[-width:]
-    values = [None] * (width - len(values)) + values
+    gap: list[float | None] = [None] * (width - len(values))
+    values = gap + values
     if not top or top <= 0:
         top = max((v for v in values if v is not None), default=0.0) or 1.0
-    levels = []
+    levels: list[int | None] = []
     for v in values:
         if v is None:
             levels.append(None)
@@ -300,7 +301,7 @@ def graph_columns(n_gpus: int, width: int) -> int:
     return max(4, panel_width - 1 - 4 - 7)
 
 
-def gpu_panel_lines(model: MonitorModel, width: int, lines_per_panel: int, *, graph_rows: int = 1) -> list[Text]:
+def gpu_panel_lines(model: MonitorModel, width: int, lines_per_panel: int, *, graph_rows: int = 1) -> list[SegLine]:
     """The GPU grid: a panel per GPU (header, bars, history graphs), ``lines_per_panel`` tall at
     most (at least header + two lines of bars)."""
     gpus = model.gpus
@@ -463,7 +464,7 @@ def nvlink_lines(model: MonitorModel, width: int) -> list[Text]:
             line.append_text(aggregate(gpu))
             out.append(line)
     legend = Text("scale ", style="dim", no_wrap=True, overflow="crop")
-    for k, fraction in enumerate((0.0, 0.2, 0.4, 0.6, 0.8, 1.0)):
+    for fraction in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
         legend.append(f" {fraction * 100:.0f}% ", style=heat_style(fraction))
     legend.append("  · link down", style="dim")
     out.append(legend)

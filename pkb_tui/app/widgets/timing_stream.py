@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -76,7 +77,7 @@ class TimingStream(LinesView):
         del recent[:-SPARK_CALLS]
         self._redraw()
 
-    def show_final(self, timings: dict[str, object]) -> None:
+    def show_final(self, timings: Mapping[str, object]) -> None:
         """The run's timing events (median, p10, p90 per variant), shown while no stream came."""
         self._final = dict(timings)
         self._redraw()
@@ -140,6 +141,7 @@ class TimingStream(LinesView):
             line.append(f"{variant} ", style=f"bold {STYLES[variant]}")
             line.append(f"{fmt_us(median)} [p10 {fmt_us(getattr(timing, 'p10_us', None))}, "
                         f"p90 {fmt_us(getattr(timing, 'p90_us', None))}]  ")
-        if medians.get("baseline") and medians.get("candidate"):
-            line.append(f"speedup {fmt_speedup(medians['baseline'] / medians['candidate'])}", style="bold")
+        base, cand = medians.get("baseline"), medians.get("candidate")
+        if base and cand:
+            line.append(f"speedup {fmt_speedup(base / cand)}", style="bold")
         return [line]
