@@ -133,7 +133,7 @@ class LinesView(Widget):
         self._base = Style()
 
     @property
-    def lines(self) -> list[Text]:
+    def lines(self) -> list[Text] | list[SegLine]:
         return self._lines
 
     def set_lines(self, lines: list[Text] | list[SegLine]) -> None:
