@@ -196,7 +196,7 @@ class RunnerProcess:
             if self.arena.fd is not None:  # CPU: the memfd grows in place; the runner maps it again
                 size = max(nbytes, 2 * self.arena.nbytes)
                 old = self.arena
-                os.ftruncate(old.fd, channel._align(size))
+                os.ftruncate(self.arena.fd, channel._align(size))
                 self.arena = _regrow_memfd(old, channel._align(size))
             else:
                 self.arena = channel.Arena(self.judge.device, max(nbytes, 2 * self.arena.nbytes))
@@ -264,6 +264,7 @@ def _last_lines(path: Path, count: int, limit: int = 8192) -> str:
 def _regrow_memfd(old: channel.Arena, nbytes: int) -> channel.Arena:
     import mmap
 
+    assert old._fd is not None  # a CPU arena: a memfd
     arena = channel.Arena.__new__(channel.Arena)
     arena.device, arena.nbytes = old.device, nbytes
     arena._fd, arena._map = old._fd, mmap.mmap(old._fd, nbytes)
@@ -732,9 +733,9 @@ class Rank:
         Calls whose outputs have one shape are judged in one stacked comparison (the largest error
         of any call counts), and a secret sample of calls one by one as well (the typical error of
         each call counts too)."""
-        stacked = [_stack(outputs), _stack(expected), _stack(truths)]
-        if all(v is not None for v in stacked):
-            cmp = rule.judge(*stacked, "timed outputs")
+        stacked_out, stacked_expected, stacked_truth = _stack(outputs), _stack(expected), _stack(truths)
+        if stacked_out is not None and stacked_expected is not None and stacked_truth is not None:
+            cmp = rule.judge(stacked_out, stacked_expected, stacked_truth, "timed outputs")
             if cmp.correct:
                 sample = self._sampler.sample(range(len(outputs)), min(TIMED_SAMPLE, len(outputs)))
                 for k in sorted(sample):
@@ -809,7 +810,7 @@ class Rank:
         per_call_bytes = max(1, _nbytes(sample_inputs[0]) + _nbytes(sample_expected[0]))
         calls_by_memory = max(1, ARENA_BUDGET_BYTES[kind] // per_call_bytes)
         warm_calls = int(min(calls_by_memory, max(2, min(8, req.warmup))))
-        failure: CandidateFailure | None = None
+        failure = None
         warm_us: list[float] = []
         try:
             inputs, expected, _ = fresh("warmup", warm_calls)
@@ -1105,8 +1106,8 @@ def _stack(values: list[Any]) -> Any:
     if isinstance(first, (tuple, list)):
         if not all(type(v) is type(first) and len(v) == len(first) for v in values):
             return None
-        parts = [_stack([v[i] for v in values]) for i in range(len(first))]
-        return None if any(p is None for p in parts) else type(first)(parts)
+        items = [_stack([v[i] for v in values]) for i in range(len(first))]
+        return None if any(p is None for p in items) else type(first)(items)
     if isinstance(first, dict):
         if not all(isinstance(v, dict) and v.keys() == first.keys() for v in values):
             return None
@@ -1184,7 +1185,7 @@ def _phase_counters(device: torch.device) -> Any:
 
 
 def _max_field(rows: list[dict | None], key: str) -> float | None:
-    values = [r.get(key) for r in rows if r and r.get(key) is not None]
+    values = [float(r[key]) for r in rows if r and r.get(key) is not None]
     return max(values) if values else None
 
 
