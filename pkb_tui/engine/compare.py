@@ -257,6 +257,19 @@ def _judge_tensor(candidate: torch.Tensor, expected: torch.Tensor, truth: torch.
     return Comparison(True, worst_cand, max_rel)
 
 
+def clone_value(value: Any) -> Any:
+    """A value with every tensor cloned (tuple, list and dict structure kept, the rest as is)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, tuple):
+        return tuple(clone_value(v) for v in value)
+    if isinstance(value, list):
+        return [clone_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: clone_value(v) for k, v in value.items()}
+    return value
+
+
 def tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]

@@ -177,7 +177,9 @@ class Runner:
         on_gpu = self.device.type == "cuda"
         null = how in ("null", "graph-null")
         if null and not self.null_outputs:
-            self.null_outputs = [_clone_like(self._slot_outputs(i)) for i in range(len(self.inputs))]
+            from pkb_tui.engine.compare import clone_value
+
+            self.null_outputs = [clone_value(self._slot_outputs(i)) for i in range(len(self.inputs))]
         captured = False
         if how in ("graph", "graph-null"):
             if not on_gpu:
@@ -275,20 +277,6 @@ class Runner:
 
 def _not_loaded(*args: Any) -> Any:
     raise RuntimeError("no function loaded: the judge sends `load` first")
-
-
-def _clone_like(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, tuple):
-        return tuple(_clone_like(v) for v in value)
-    if isinstance(value, list):
-        return [_clone_like(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _clone_like(v) for k, v in value.items()}
-    return value
 
 
 def _copy_into(out: Any, slot: Any, spec: dict[str, Any], leaves: list[Any], device: Any, where: str) -> str | None:

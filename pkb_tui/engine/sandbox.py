@@ -94,15 +94,7 @@ def default_writable(batch_dir: Path, extra: Iterable[str | Path] = ()) -> list[
     """The folders a rank needs to write to (created where a cache folder is missing, so a JIT
     cache's first use does not fail on a folder it may no longer create)."""
     home = Path.home()
-    caches = [home / ".cache", home / ".nv", home / ".cupy", home / ".triton"]
-    for env in ("CUPY_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "XDG_CACHE_HOME"):
-        if os.environ.get(env):
-            caches.append(Path(os.environ[env]))
-    for folder in caches:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            pass
+    caches = _jit_caches([home / ".cache", home / ".nv", home / ".cupy", home / ".triton"], "XDG_CACHE_HOME")
     temp = {Path(os.environ.get("TMPDIR") or "/tmp"), Path("/tmp"), Path("/var/tmp")}
     mps = [Path(os.environ[e]) for e in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY") if os.environ.get(e)]
     # /proc: the CUDA driver writes there while it starts (cudaGetDeviceCount fails with error 304
@@ -159,14 +151,20 @@ def runner_writable(scratch_dir: Path) -> list[Path]:
     driver), the MPS folders and the JIT caches. Not the batch folder (events, logs, other runs),
     not /tmp or /var/tmp, not the project or the database."""
     home = Path.home()
-    caches = [home / ".nv", home / ".cupy", home / ".triton", home / ".cache" / "torch_extensions"]
-    for env in ("CUPY_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH"):
+    caches = _jit_caches([home / ".nv", home / ".cupy", home / ".triton", home / ".cache" / "torch_extensions"])
+    mps = [Path(os.environ[e]) for e in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY") if os.environ.get(e)]
+    return [Path(scratch_dir), Path("/dev"), Path("/proc"), *mps, *caches]
+
+
+def _jit_caches(folders: list[Path], *extra_env: str) -> list[Path]:
+    """The JIT caches' folders (and those the environment names), created where missing, so a
+    cache's first use does not fail on a folder the sandbox no longer lets it create."""
+    for env in ("CUPY_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", *extra_env):
         if os.environ.get(env):
-            caches.append(Path(os.environ[env]))
-    for folder in caches:
+            folders.append(Path(os.environ[env]))
+    for folder in folders:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             pass
-    mps = [Path(os.environ[e]) for e in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY") if os.environ.get(e)]
-    return [Path(scratch_dir), Path("/dev"), Path("/proc"), *mps, *caches]
+    return folders

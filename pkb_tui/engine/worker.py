@@ -41,7 +41,14 @@ import torch.distributed as dist
 from collectors.counters import combine_phases
 from pkb_tui.engine import channel, stats
 from pkb_tui.engine import events as ev
-from pkb_tui.engine.compare import Comparison, find_aliasing, float64_copies, judge_outputs, tensors_in
+from pkb_tui.engine.compare import (
+    Comparison,
+    clone_value,
+    find_aliasing,
+    float64_copies,
+    judge_outputs,
+    tensors_in,
+)
 from pkb_tui.engine.modes import backend_for, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.timing import per_call_us, percentile, reconcile, summarize
@@ -589,7 +596,7 @@ class Rank:
         for trial in range(req.trials):
             self.emit(ev.Progress(item=item.index, phase="trial", trial=trial, trials=req.trials))
             inputs = task.make_inputs(self._context(task, item, trial))
-            baseline_inputs = _clone(inputs)
+            baseline_inputs = clone_value(inputs)
             expected = task.baseline(*baseline_inputs)
             # A baseline that returns (a view of) its input (a gather's non-root ranks) makes that
             # legitimate for the candidate too; an earlier call's output never is.
@@ -804,7 +811,7 @@ class Rank:
 
         def fresh(label: Any, calls: int) -> tuple[list[Any], list[Any], list[Any]]:
             inputs = [task.make_inputs(self._context(task, item, ("timing", label, k))) for k in range(calls)]
-            expected = [task.baseline(*_clone(x)) for x in inputs]
+            expected = [task.baseline(*clone_value(x)) for x in inputs]
             truths = [task.baseline(*float64_copies(x)) for x in inputs]
             self._sync()
             return inputs, expected, truths
@@ -1197,18 +1204,6 @@ def _max_field(rows: list[dict | None], key: str) -> float | None:
 def _trial_seed(seed: int, task_id: str, trial: Any) -> int:
     digest = hashlib.blake2b(f"{seed}:{task_id}:{trial}".encode(), digest_size=6).digest()
     return int.from_bytes(digest, "little")
-
-
-def _clone(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, tuple):
-        return tuple(_clone(v) for v in value)
-    if isinstance(value, list):
-        return [_clone(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    return value
 
 
 def _nbytes(value: Any) -> int:
