@@ -205,8 +205,8 @@ class Store(GenerateStore):
             conn.execute("PRAGMA synchronous = NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except (sqlite3.DatabaseError, PkbError) as exc:
-            if isinstance(exc, PkbError) and exc.exit_code == EXIT_HARNESS:
-                raise  # already the "damaged" sentence
+            # A file that is SQLite but damaged past its header is the "damaged" sentence (exit 3);
+            # one that is not SQLite at all (or not ours) is a usage error (exit 2).
             if "malformed" in str(exc.__cause__ or exc):
                 raise PkbError(damaged_database(self.path, exc.__cause__ or exc), exit_code=EXIT_HARNESS) from exc
             raise PkbError(
