@@ -233,6 +233,7 @@ class Launcher:
         batch_dir: Path, launch: int, mps, on_event: EventCallback | None, cancel: threading.Event,
     ) -> list[RunItem]:
         """One torchrun for these items. Returns the items still to run (after a timeout/crash)."""
+        started_mono = time.monotonic()
         scratch = batch_dir / "scratch"
         scratch.mkdir(exist_ok=True)
         events_path = batch_dir / f"events.{launch}.jsonl"
@@ -242,6 +243,9 @@ class Launcher:
             "request": request.to_dict(), "items": [i.to_dict() for i in items], "mode": mode,
             "events_path": str(events_path), "log_dir": str(batch_dir), "scratch_dir": str(scratch),
             "launcher_pid": os.getpid(), "heartbeat_s": 1.0,
+            # The timeout bounds a run's wall time, the launch's start-up included: the judges
+            # count the first run's from here.
+            "launch_started_at": time.time() - (time.monotonic() - started_mono),
         }).encode())
         port = _free_port()
         cmd = [

@@ -49,6 +49,7 @@ from pkb_tui.engine.compare import (
     judge_outputs,
     tensors_in,
 )
+from pkb_tui.engine.logs import RANKS_DID_NOT_START
 from pkb_tui.engine.modes import backend_for, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.timing import per_call_us, percentile, reconcile, summarize
@@ -306,6 +307,7 @@ class Rank:
         self.sandbox_note: str | None = None
         self.runner_note: str | None = None
         self.baseline_runner: RunnerProcess | None = None
+        self._first_item = True
         self._flush: torch.Tensor | None = None
         self._sampler = random.Random(secrets.randbits(64))  # which timed calls are judged one by one
         if self.mode == "nccl":
@@ -484,9 +486,13 @@ class Rank:
                     self.runner_note = str(reply["sandbox_note"])[:300]
             except channel.ChannelError as exc:
                 code = runner.proc.poll()
-                failure = failure or ("timeout" if code is None else "error",
-                                      f"the {runner.label}'s process on rank {self.rank} did not start"
-                                      + (f" (exit code {code})" if code is not None else "") + f": {exc}")
+                if code is None:  # not up in time: the harness's start-up, not the candidate's doing
+                    failure = failure or ("error", f"{RANKS_DID_NOT_START}: the ranks' start-up took longer than its "
+                                                   f"timeout ({float(self.request.timeout_s):g} s); the {runner.label}'s "
+                                                   f"process on rank {self.rank} was not up in time")
+                else:
+                    failure = failure or ("error", f"the {runner.label}'s process on rank {self.rank} did not start "
+                                                   f"(exit code {code}): {_last_lines(runner.log_path, 3) or exc}")
         failures = [f for f in self.agree(failure) if f]
         if failures:
             for runner in runners:
@@ -538,6 +544,10 @@ class Rank:
         task = load_task(item.task)
         rule = Rule(task)
         deadline = _monotonic() + float(req.timeout_s)
+        if self._first_item:  # the launch's start-up counts against the first run's timeout
+            launch_started_at = float(self.spec.get("launch_started_at") or _now())
+            deadline = min(deadline, _monotonic() + launch_started_at + float(req.timeout_s) - _now())
+            self._first_item = False
         abort = self._aborted(item)
         candidate: RunnerProcess | None = None
         log_path = self.log_dir / f"item{item.index:03d}.rank{self.rank}.candidate.log"
