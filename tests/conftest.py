@@ -47,3 +47,17 @@ def cli(capsys: pytest.CaptureFixture[str]):
         return CliResult(code, out.getvalue() + captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Every test leaves os.environ as it found it: the CLI called in-process sets PKB_ROOT and
+    PYTHONPATH for `--pkb-root`, which would otherwise add a PKB clone's problems to every later
+    test's task registry."""
+    saved = dict(os.environ)
+    yield
+    for key in [k for k in os.environ if k not in saved]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value

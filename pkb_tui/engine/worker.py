@@ -308,6 +308,7 @@ class Rank:
         self.runner_note: str | None = None
         self.baseline_runner: RunnerProcess | None = None
         self._first_item = True
+        self._abort_epoch = 0
         self._flush: torch.Tensor | None = None
         self._sampler = random.Random(secrets.randbits(64))  # which timed calls are judged one by one
         if self.mode == "nccl":
@@ -508,19 +509,20 @@ class Rank:
                 [("baseline", self.log_dir / f"baseline.rank{self.rank}.log")], deadline)
         return self.baseline_runner
 
-    def _abort_key(self, item: RunItem) -> str:
-        return f"pkb/{self.nonce}/abort/{item.index}"
+    def _abort_key(self, item_index: int | None) -> str:
+        # One key per agreed failure (the epoch moves on after each, on every judge alike), so a
+        # failure already dealt with does not stop the runners that carry on (the baseline's).
+        return f"pkb/{self.nonce}/abort/{item_index}/{self._abort_epoch}"
 
     def _aborted(self, item: RunItem) -> Any:
-        key = self._abort_key(item)
-        return lambda: self.store.check([key])
+        return lambda: self.store.check([self._abort_key(item.index)])
 
     def _signal_abort(self, item_index: int | None) -> None:
         """Tell the other judges at once that this rank's runner failed (they stop waiting on theirs)."""
         if item_index is None:
             return
         try:
-            self.store.set(f"pkb/{self.nonce}/abort/{item_index}", "1")
+            self.store.set(self._abort_key(item_index), "1")
         except Exception:  # noqa: BLE001
             pass
 
@@ -534,6 +536,8 @@ class Rank:
             if runner is not None:
                 runner.pause()
         candidates = sorted((g for g in got if g), key=_failure_order)
+        if candidates:
+            self._abort_epoch += 1
         first = candidates[0] if candidates else None
         return CandidateFailure(*first) if first else None
 
@@ -686,6 +690,7 @@ class Rank:
         runner.pause()
         failures = sorted((f for f, _, _ in agreed if f), key=_failure_order)
         if failures:
+            self._abort_epoch += 1
             raise CandidateFailure(*failures[0])
         graph_errors = [g for _, _, g in agreed if g]
         if graph_errors:  # one rank's runner could not capture: the method is off on every rank
@@ -877,6 +882,7 @@ class Rank:
         while True:
             for key in list(series):
                 series[key].rounds.append([])
+            failure = None
             try:
                 for sub in range(per_round):
                     inputs, expected, truths = fresh((round_index, sub), calls)
@@ -910,13 +916,14 @@ class Rank:
                 self.emit(ev.Error(item=item.index, where="timing", message=failure.message))
                 if not _candidate_fault(failure, candidate_ok):
                     return failure.status, failure.message
-                # The candidate raised or died while timed: it fails; the baseline keeps the rounds
-                # it has (its own figures stand).
+                # The candidate raised or died while timed: it fails; the baseline is timed on
+                # alone for the rounds it still needs (its own figures stand).
                 candidate_failure = _during_timing(failure)
+                candidate_ok = False
                 variants = [(v, r) for v, r in variants if v != "candidate"]
                 for key in [k for k in series if k[0] == "candidate"]:
                     series[key].rounds = []
-                break
+                    series[key].note = series[key].note or "the candidate failed while timed"
             round_index += 1
             if self.rank == 0:
                 self._stream_round(item, series)
