@@ -12,7 +12,8 @@ import torch
 
 from pkb_tui.engine import channel
 from pkb_tui.engine import events as ev
-from pkb_tui.engine.launcher import _create_new, _EventTail, _read_regular
+from pkb_tui.engine.launcher import _create_new, _EventTail
+from pkb_tui.engine.logs import read_regular
 
 KEY = b"k" * 32
 
@@ -48,7 +49,7 @@ def test_a_link_or_fifo_planted_for_the_event_file_is_not_followed(tmp_path: Pat
 
     threading.Thread(target=read, daemon=True).start()
     assert done.wait(5), "reading a FIFO planted as the event file hung the launcher"
-    assert _read_regular(link) == "" and _read_regular(fifo) == ""
+    assert read_regular(link) == "" and read_regular(fifo) == ""
     with pytest.raises(FileExistsError):
         _create_new(link, b"x")  # never written through a planted link
     assert "passed" in target.read_text()
@@ -90,3 +91,16 @@ def test_a_layout_places_values_in_the_arena_and_builds_them_back_on_the_other_s
     with pytest.raises(channel.ChannelError):
         channel.build({"t": [layout.end + 4096, "float32", [4]]}, other)  # outside the arena
     arena.close()
+
+
+def test_a_cpu_arena_grows_in_place_and_the_runner_maps_it_again() -> None:
+    arena = channel.Arena(torch.device("cpu"), 4096)
+    fd = arena.fd
+    arena.tensor[:4].copy_(torch.tensor([1, 2, 3, 4], dtype=torch.uint8))
+    bigger = arena.grown(1 << 20)
+    assert bigger.fd == fd and bigger.nbytes >= 1 << 20  # the runner keeps its descriptor
+    assert bigger.tensor[:4].tolist() == [1, 2, 3, 4]  # what was written stays
+    remapped = channel.attach(bigger.export(), bigger.fd, torch.device("cpu"))
+    remapped[(1 << 20) - 1] = 9  # the runner's new mapping reaches the new end
+    assert int(bigger.tensor[(1 << 20) - 1]) == 9
+    bigger.close()

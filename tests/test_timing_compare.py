@@ -7,6 +7,7 @@ import torch
 
 from pkb_tui.engine import timing
 from pkb_tui.engine.compare import compare_outputs, find_aliasing
+from pkb_tui.engine.stats import summarize_rounds
 from tasks.base import Tolerance
 
 TOL = Tolerance(1e-5, 1e-5)
@@ -15,8 +16,8 @@ TOL = Tolerance(1e-5, 1e-5)
 def test_per_call_figures_come_from_blocks_with_the_harness_share_subtracted() -> None:
     assert timing.per_call_us(1_200.0, 200.0, 100) == 10.0
     assert timing.per_call_us(150.0, 200.0, 10) == 0.0  # never negative
-    stats = timing.summarize([12.0, 10.0, 11.0, 30.0])
-    assert stats.median_us == 11.5 and stats.min_us == 10.0 and stats.max_us == 30.0 and stats.iterations == 4
+    figures = summarize_rounds([[12.0, 10.0], [11.0, 30.0]])
+    assert figures.median_us == 11.5 and figures.min_us == 10.0 and figures.max_us == 30.0 and figures.samples == 4
 
 
 def test_percentile_interpolates() -> None:

@@ -127,6 +127,20 @@ class Arena:
                     "offset": self.tensor.storage_offset()}
         return {"kind": "memfd", "nbytes": self.nbytes}
 
+    def grown(self, nbytes: int) -> Arena:
+        """An arena of at least ``nbytes``: on CPU the same memfd made longer and mapped again (the
+        runner keeps its descriptor and maps it again when told), on a GPU a new allocation."""
+        if self._fd is None:
+            return Arena(self.device, nbytes)
+        bigger = Arena.__new__(Arena)
+        bigger.device, bigger.nbytes = self.device, _align(nbytes)
+        os.ftruncate(self._fd, bigger.nbytes)
+        bigger._fd, bigger._map = self._fd, mmap.mmap(self._fd, bigger.nbytes)
+        bigger.tensor = torch.frombuffer(bigger._map, dtype=torch.uint8)
+        self._fd = None  # the descriptor now belongs to the bigger arena
+        self.tensor = torch.empty(0, dtype=torch.uint8)
+        return bigger
+
     def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return view(self.tensor, offset, dtype, shape)
 

@@ -117,6 +117,28 @@ def _compare_tensors(candidate: torch.Tensor, reference: torch.Tensor, tol: Tole
 ToleranceSpec = Callable[[str], OutputTolerance] | Mapping[str, OutputTolerance]
 
 
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``value`` with ``fn`` applied to every tensor (tuple, list and dict structure kept, the
+    rest as is)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple):
+        return tuple(map_tensors(v, fn) for v in value)
+    if isinstance(value, list):
+        return [map_tensors(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def _to_float64(t: torch.Tensor) -> torch.Tensor:
+    if t.is_complex():
+        return t.detach().to(torch.complex128).clone()
+    if t.is_floating_point():
+        return t.detach().to(torch.float64).clone()
+    return t.detach().clone()
+
+
 def float64_copies(inputs: Any) -> Any:
     """The inputs the judge gives the baseline to get the truth: floating tensors as float64,
     complex as complex128, everything else (indices, masks, numbers) unchanged, structure kept.
@@ -124,19 +146,7 @@ def float64_copies(inputs: Any) -> Any:
     The truth comes from running the baseline on these copies (not from a task's reference(),
     which needs every rank's inputs): each rank has its own inputs only, and the baseline's
     collectives run in float64 on NCCL and gloo alike."""
-    if isinstance(inputs, torch.Tensor):
-        if inputs.is_complex():
-            return inputs.detach().to(torch.complex128).clone()
-        if inputs.is_floating_point():
-            return inputs.detach().to(torch.float64).clone()
-        return inputs.detach().clone()
-    if isinstance(inputs, tuple):
-        return tuple(float64_copies(v) for v in inputs)
-    if isinstance(inputs, list):
-        return [float64_copies(v) for v in inputs]
-    if isinstance(inputs, dict):
-        return {k: float64_copies(v) for k, v in inputs.items()}
-    return inputs
+    return map_tensors(inputs, _to_float64)
 
 
 def judge_outputs(candidate: Any, expected: Any, expected64: Any, tolerances: ToleranceSpec, where: str = "output") -> Comparison:
@@ -258,16 +268,8 @@ def _judge_tensor(candidate: torch.Tensor, expected: torch.Tensor, truth: torch.
 
 
 def clone_value(value: Any) -> Any:
-    """A value with every tensor cloned (tuple, list and dict structure kept, the rest as is)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, tuple):
-        return tuple(clone_value(v) for v in value)
-    if isinstance(value, list):
-        return [clone_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: clone_value(v) for k, v in value.items()}
-    return value
+    """A value with every tensor cloned (structure kept, the rest as is)."""
+    return map_tensors(value, torch.Tensor.clone)
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:

@@ -28,7 +28,7 @@ from typing import Any
 
 from pkb_tui.engine import events as ev
 from pkb_tui.engine import stats
-from pkb_tui.engine.logs import RANKS_DID_NOT_START, launch_failure_detail
+from pkb_tui.engine.logs import RANKS_DID_NOT_START, launch_failure_detail, read_regular
 from pkb_tui.engine.modes import check_world_size, choose_mode, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
@@ -516,7 +516,7 @@ class Launcher:
         with os.fdopen(os.open(merged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "w") as out:
             for part in parts:
                 rank = part.name.split(".rank")[1].split(".")[0]
-                for line in _read_regular(part).splitlines():
+                for line in read_regular(part).splitlines():
                     out.write(f"[rank {rank}] {line}\n")
         return merged
 
@@ -616,22 +616,6 @@ def _create_new(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-
-
-def _read_regular(path: Path, limit: int = 64 * 2**20) -> str:
-    """A file in the batch folder as text, only if it is a regular file (no link, FIFO or device
-    planted there can redirect or hang the launcher); at most ``limit`` bytes (the tail)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            return ""
-        if info.st_size > limit:
-            f.seek(info.st_size - limit)
-        return f.read(limit).decode(errors="replace")
 
 
 def _free_port() -> int:

@@ -9,7 +9,9 @@ itemNNN.rankR.log once the worker has redirected it for an item, in launch.log b
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,3 +181,19 @@ def launch_failure_detail(batch_dir: Path, torchrun_exit: int, *, items: Iterabl
     """The status detail of a run whose launch died: the failed rank's exception, not torchrun's."""
     failure = rank_failure(batch_dir, items=items)
     return f"a rank process died (torchrun exit code {torchrun_exit}): {failure.describe()}"
+
+
+def read_regular(path: Path, limit: int = 64 * 2**20) -> str:
+    """A file in the batch folder as text, only if it is a regular file (no link, FIFO or device
+    planted there can redirect or hang the reader); at most ``limit`` bytes (the tail)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        if info.st_size > limit:
+            f.seek(info.st_size - limit)
+        return f.read(limit).decode(errors="replace")

@@ -10,32 +10,11 @@ that it could be true (a runner whose report is impossible was tampered with).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from pkb_tui.engine.stats import percentile
 
 # A runner's report may exceed the judge's wall time around it by this much (clock granularity).
 REPORT_SLACK_US = 50.0
-
-
-@dataclass
-class TimingStats:
-    median_us: float
-    p10_us: float
-    p90_us: float
-    mean_us: float
-    min_us: float
-    max_us: float
-    iterations: int
-
-
-def summarize(values: list[float]) -> TimingStats:
-    """Median and spread of per-call figures (one per block)."""
-    ordered = sorted(values)
-    return TimingStats(
-        median_us=percentile(ordered, 50), p10_us=percentile(ordered, 10), p90_us=percentile(ordered, 90),
-        mean_us=sum(ordered) / len(ordered), min_us=ordered[0], max_us=ordered[-1], iterations=len(ordered),
-    )
 
 
 def per_call_us(wall_us: float, overhead_us: float, calls: int) -> float:

@@ -49,10 +49,10 @@ from pkb_tui.engine.compare import (
     judge_outputs,
     tensors_in,
 )
-from pkb_tui.engine.logs import RANKS_DID_NOT_START
+from pkb_tui.engine.logs import RANKS_DID_NOT_START, read_regular
 from pkb_tui.engine.modes import backend_for, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
-from pkb_tui.engine.timing import per_call_us, percentile, reconcile, summarize
+from pkb_tui.engine.timing import per_call_us, percentile, reconcile
 from tasks.base import Task, load_task
 
 _now = time.time
@@ -201,13 +201,7 @@ class RunnerProcess:
 
     def ensure_arena(self, nbytes: int, deadline: float, abort: Any = None) -> None:
         if nbytes > self.arena.nbytes:
-            if self.arena.fd is not None:  # CPU: the memfd grows in place; the runner maps it again
-                size = max(nbytes, 2 * self.arena.nbytes)
-                old = self.arena
-                os.ftruncate(self.arena.fd, channel._align(size))
-                self.arena = _regrow_memfd(old, channel._align(size))
-            else:
-                self.arena = channel.Arena(self.judge.device, max(nbytes, 2 * self.arena.nbytes))
+            self.arena = self.arena.grown(max(nbytes, 2 * self.arena.nbytes))
             self.arena_size_sent = 0
         if self.arena_size_sent != self.arena.nbytes:
             reply = self.request({"op": "arena", "export": self.arena.export()}, deadline, abort)
@@ -256,30 +250,10 @@ class RunnerProcess:
         self.arena.close()
 
 
-def _last_lines(path: Path, count: int, limit: int = 8192) -> str:
-    """The last non-empty lines of a runner's log (a regular file only; at most ``limit`` bytes read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        f.seek(max(0, size - limit))
-        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+def _last_lines(path: Path, count: int) -> str:
+    """The last non-empty lines of a runner's log (a regular file only, its last 8 KiB)."""
+    lines = [line.strip() for line in read_regular(path, 8192).splitlines() if line.strip()]
     return " | ".join(lines[-count:])[:600]
-
-
-def _regrow_memfd(old: channel.Arena, nbytes: int) -> channel.Arena:
-    import mmap
-
-    assert old._fd is not None  # a CPU arena: a memfd
-    arena = channel.Arena.__new__(channel.Arena)
-    arena.device, arena.nbytes = old.device, nbytes
-    arena._fd, arena._map = old._fd, mmap.mmap(old._fd, nbytes)
-    arena.tensor = torch.frombuffer(arena._map, dtype=torch.uint8)
-    old._fd = None  # kept open by the new arena
-    old.tensor = torch.empty(0, dtype=torch.uint8)
-    return arena
 
 
 def _expect_ok(reply: dict[str, Any], label: str) -> None:
@@ -728,8 +702,7 @@ class Rank:
 
     def _stream_round(self, item: RunItem, series: dict) -> None:
         """The round just timed, per variant, for the Live screen (judge 0's own figures)."""
-        nulls = sorted(b.wall_us for r in series[("baseline", "null")].rounds for b in r)
-        overhead = percentile(nulls, 50) if nulls else 0.0
+        overhead = _null_overhead_us(series)
         for (variant, method), s in series.items():
             if method != "eager" or not s.rounds or not s.rounds[-1]:
                 continue
@@ -743,8 +716,7 @@ class Rank:
             return True
         if not candidate_ok or rounds_done >= MAX_ROUNDS or self.device.type != "cuda":
             return False  # cpu: a fixed count (its spread is the host's, not the kernels'; see stats)
-        nulls = sorted(b.wall_us for r in series[("baseline", "null")].rounds for b in r)
-        overhead = percentile(nulls, 50) if nulls else 0.0
+        overhead = _null_overhead_us(series)
 
         def per_call(key: tuple[str, str]) -> list[list[float]]:
             return [[per_call_us(b.wall_us, overhead, b.calls) for b in r] for r in series[key].rounds if r]
@@ -853,16 +825,27 @@ class Rank:
                             warm_us.append(per_call_us(block.wall_us, null_block.wall_us, block.calls))
         except CandidateFailure as exc:
             failure = exc
-        failure = self._agree_failure(item, failure)
         candidate_failure: CandidateFailure | None = None
-        if failure is not None:
+
+        def timed_on_without_candidate(failure: CandidateFailure) -> bool:
+            """An agreed failure while timing: False when the run ends here; True when it was the
+            candidate's (it raised or died), which then fails while the baseline is timed on alone
+            for the rounds it still needs (its own figures stand)."""
+            nonlocal candidate_failure, candidate_ok, variants
             self.emit(ev.Error(item=item.index, where="timing", message=failure.message))
             if not _candidate_fault(failure, candidate_ok):
-                return failure.status, failure.message
-            # The candidate raised or died while timed: it fails; the baseline is timed on alone.
+                return False
             candidate_failure = _during_timing(failure)
             candidate_ok = False
             variants = [(v, r) for v, r in variants if v != "candidate"]
+            for key in [k for k in series if k[0] == "candidate"]:
+                series[key].rounds = []
+                series[key].note = series[key].note or "the candidate failed while timed"
+            return True
+
+        failure = self._agree_failure(item, failure)
+        if failure is not None and not timed_on_without_candidate(failure):
+            return failure.status, failure.message
         notes = self.agree({m: series[("candidate", m)].note for m in methods} if candidate_ok else {})
         for m in methods:
             note = next((n.get(m) for n in notes if n.get(m)), None)
@@ -912,18 +895,8 @@ class Rank:
             except CandidateFailure as exc:
                 failure = exc
             failure = self._agree_failure(item, failure)
-            if failure is not None:
-                self.emit(ev.Error(item=item.index, where="timing", message=failure.message))
-                if not _candidate_fault(failure, candidate_ok):
-                    return failure.status, failure.message
-                # The candidate raised or died while timed: it fails; the baseline is timed on
-                # alone for the rounds it still needs (its own figures stand).
-                candidate_failure = _during_timing(failure)
-                candidate_ok = False
-                variants = [(v, r) for v, r in variants if v != "candidate"]
-                for key in [k for k in series if k[0] == "candidate"]:
-                    series[key].rounds = []
-                    series[key].note = series[key].note or "the candidate failed while timed"
+            if failure is not None and not timed_on_without_candidate(failure):
+                return failure.status, failure.message
             round_index += 1
             if self.rank == 0:
                 self._stream_round(item, series)
@@ -996,8 +969,10 @@ class Rank:
                 if not rows:
                     continue
                 per_call = [[per_call_us(w, overhead[how], n) for w, _, n in row] for row in rows]
-                summary = summarize([v for row in per_call for v in row])
-                figures[how] = {**summary.__dict__, "rounds_us": per_call}
+                summary = stats.summarize_rounds(per_call)
+                figures[how] = {"median_us": summary.median_us, "p10_us": summary.p10_us, "p90_us": summary.p90_us,
+                                "mean_us": summary.mean_us, "min_us": summary.min_us, "max_us": summary.max_us,
+                                "iterations": summary.samples, "rounds_us": per_call}
                 if variant == "candidate" and tampered is None:
                     tampered = _tampered([g.get(f"candidate|{how}", []) for g in gathered], overhead[how])
             eager = figures.get("eager")
@@ -1088,6 +1063,12 @@ def _build_output(spec: Any, arena: torch.Tensor, leaves: list[Any] | None) -> A
         return channel.build(node, arena)
 
     return walk(spec)
+
+
+def _null_overhead_us(series: dict) -> float:
+    """The harness's share of an eager block so far, as this judge saw it: its null blocks' median."""
+    nulls = sorted(b.wall_us for r in series[("baseline", "null")].rounds for b in r)
+    return percentile(nulls, 50) if nulls else 0.0
 
 
 def _candidate_fault(failure: CandidateFailure, candidate_timed: bool) -> bool:
