@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-timing", action="store_true", help="check correctness only")
     run.add_argument("--no-profile", action="store_true", help="skip the per-kernel profile")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--max-host-memory-gib", type=float, default=None,
+                     help="host memory a candidate may hold per rank (default: half this machine's, shared by the ranks)")
+    run.add_argument("--max-tasks", type=int, default=None,
+                     help="threads and processes a candidate may run per rank (default 512)")
     _basis_option(run)
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
@@ -320,6 +324,7 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         trials=args.trials, timeout_s=args.timeout, timing=not args.no_timing, warmup=args.warmup,
         iterations=args.iterations, profile=not args.no_profile, seed=args.seed, speedup_basis=args.speedup_basis,
         oversubscribe=args.oversubscribe, extra=extra,
+        max_host_memory_gib=args.max_host_memory_gib, max_tasks=args.max_tasks,
     )
     launcher = Launcher(db, runs_dir=args.runs_dir)
     Store(launcher.db_path).close()  # a bad --db fails here, before anything launches

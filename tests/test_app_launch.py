@@ -20,7 +20,7 @@ from pkb_tui.app.widgets.row_list import RowList
 from pkb_tui.store import Store
 from tests.app_fixtures import app_config, screen_text
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 CPU_RUN = {"mode": "cpu", "world_size": 2, "size": "small", "trials": 2, "models": ["baseline"],
            "iterations": 10, "warmup": 2}
@@ -32,7 +32,7 @@ def real_app(tmp_path, **defaults) -> PkbApp:
     return PkbApp(config=app_config(tmp_path / "runs.db", catalog=load_catalog, defaults={**CPU_RUN, **defaults}))
 
 
-async def until(predicate, pilot, timeout_s: float = 180.0, what: str = "condition") -> None:
+async def until(predicate, pilot, timeout_s: float = 420.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:

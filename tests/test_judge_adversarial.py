@@ -34,12 +34,12 @@ RIGHT_ANSWERS = ("slow-baseline", "cpu-burner")  # correct, attack the timing
 MAX_SPEEDUP = 3.0
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)  # 14 items, three runner processes per rank each, on a 2-core box
 def test_attacks_get_honest_verdicts_and_an_honest_model_after_them_keeps_its_own(cli, tmp_db: Path) -> None:
     attacks = [*WRONG_ANSWERS, *RIGHT_ANSWERS, "patch-clock", "forge-reply", "kill-judge"]
     models = ",".join([*(str(ADVERSARIAL / a) for a in attacks), str(HONEST)])
     result = cli("run", "--task", "all_reduce", "--model", models, "--world-size", "2", "--size", "small",
-                 "--trials", "2", "--iterations", "12", "--warmup", "2", "--timeout", "120", "--json")
+                 "--trials", "2", "--iterations", "12", "--warmup", "2", "--timeout", "300", "--json")
     runs = {r["model"]: r for r in result.json()["runs"]}
     for attack, verdict in WRONG_ANSWERS.items():
         allowed = {verdict, "error"} if attack == "patch-judge" else {verdict}

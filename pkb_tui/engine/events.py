@@ -57,6 +57,15 @@ class Progress(Event):
 
 
 @dataclass
+class RunNote(Event):
+    """A sentence for one run's notes, learnt while it runs (e.g. its runner's sandbox was not in force)."""
+
+    name: ClassVar[str] = "run_note"
+    item: int
+    note: str
+
+
+@dataclass
 class TrialResult(Event):
     name: ClassVar[str] = "trial_result"
     item: int
@@ -160,7 +169,7 @@ class BatchFinished(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.name: cls for cls in (
-        BatchStarted, RunStarted, Progress, TrialResult, Timing, BlockTimes, Kernels, LinkBytes, Error, RunFinished,
+        BatchStarted, RunStarted, RunNote, Progress, TrialResult, Timing, BlockTimes, Kernels, LinkBytes, Error, RunFinished,
         Heartbeat, BatchFinished,
     )
 }

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import socket
 import stat
 import subprocess
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pkb_tui.engine import events as ev
-from pkb_tui.engine import stats
+from pkb_tui.engine import procs, stats
 from pkb_tui.engine.logs import RANKS_DID_NOT_START, launch_failure_detail, read_regular
 from pkb_tui.engine.modes import check_world_size, choose_mode, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
@@ -39,6 +38,9 @@ from tasks.base import SIZE_NAMES, Traffic, all_tasks, broken_tasks, load_task
 EventCallback = Callable[[ev.Event, "int | None"], None]
 
 HEARTBEAT_TIMEOUT_S = 60.0
+# A judge or torchrun seen stopped (SIGSTOP, a tracer) this long ends the launch: nothing of ours
+# stops them, so something else did, and the batch would otherwise hang on it.
+STOPPED_LIMIT_S = 10.0
 
 
 def judge_grace_s(timeout_s: float) -> float:
@@ -285,6 +287,8 @@ class Launcher:
         deadline = started + request.timeout_s + judge_grace_s(request.timeout_s)
         last_beat = started
         any_run_started = False
+        watched = [(f"torchrun (pid {self._proc.pid})", procs.StopWatch(self._proc.pid))]
+        last_look = started
 
         def handle(event: ev.Event) -> None:
             nonlocal current, deadline, last_beat, any_run_started
@@ -295,6 +299,8 @@ class Launcher:
                 self._on_batch_started(store, states, items, event)
                 if self.telemetry is not None:
                     self.telemetry.set_rank_pids(event.rank_pids)  # CPU use per rank, in rank order
+                watched.extend((f"rank {r}'s judge (pid {pid})", procs.StopWatch(int(pid)))
+                               for r, pid in enumerate(event.rank_pids or []))
             elif isinstance(event, ev.RunStarted) and state is not None:
                 current, any_run_started = event.item, True
                 state.started = True
@@ -320,6 +326,8 @@ class Launcher:
                 store.add_kernels(state.run_id, [{**k, "variant": event.variant, "rank": event.rank} for k in event.kernels])
                 if event.trace_path:
                     store.update_run(state.run_id, trace_path=event.trace_path)
+            elif isinstance(event, ev.RunNote) and state is not None:
+                store.add_note([state.run_id], event.note)
             elif isinstance(event, ev.Error) and state is not None:
                 state.errors.append(f"{event.where}: {event.message}")
             elif isinstance(event, ev.RunFinished) and state is not None:
@@ -354,6 +362,13 @@ class Launcher:
             if any_run_started and now - last_beat > HEARTBEAT_TIMEOUT_S:
                 outcome = ("timeout", f"no heartbeat from rank 0 for {HEARTBEAT_TIMEOUT_S:g} s; the ranks were killed")
                 break
+            if now - last_look >= 1.0:
+                last_look = now
+                stopped = next((what for what, watch in watched if watch.stopped_s() > STOPPED_LIMIT_S), None)
+                if stopped:
+                    outcome = ("error", f"{stopped} was stopped (SIGSTOP or a tracer) for over {STOPPED_LIMIT_S:g} s "
+                                        "by something outside pkb-tui; the ranks were killed")
+                    break
             time.sleep(0.05)
         self._kill_tree()
         if outcome is None:
@@ -554,60 +569,11 @@ class Launcher:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        kill_process_tree(proc.pid)
+        procs.kill_process_tree(proc.pid)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-
-
-def kill_process_tree(pid: int, grace_s: float = 3.0) -> None:
-    """SIGTERM then SIGKILL a process and all its descendants (torchrun puts ranks in new sessions,
-    so killing its process group alone would orphan them)."""
-    victims = [pid, *_descendants(pid)]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = []
-        for victim in victims:
-            try:
-                os.kill(victim, sig)
-                alive.append(victim)
-            except ProcessLookupError:
-                pass
-        if not alive:
-            return
-        victims = alive + [d for v in alive for d in _descendants(v) if d not in alive]
-        end = time.monotonic() + grace_s
-        while sig == signal.SIGTERM and time.monotonic() < end:
-            if not any(_alive(v) for v in victims):
-                return
-            time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return False
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            out.append(child)
-            stack.append(child)
-    return out
 
 
 def _create_new(path: Path, data: bytes) -> None:

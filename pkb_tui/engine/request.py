@@ -24,6 +24,8 @@ class RunRequest:
     seed: int = 0
     speedup_basis: str = "eager"  # which timing method speedup and leaderboard use: eager or graph
     oversubscribe: bool = False  # allow more ranks than the mode can hold (engine.modes.rank_capacity)
+    max_host_memory_gib: float | None = None  # per candidate per rank; None: engine.limits' default
+    max_tasks: int | None = None  # threads and processes per candidate per rank; None: the default
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

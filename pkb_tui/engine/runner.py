@@ -66,9 +66,12 @@ class Runner:
         os.chdir(self.init["scratch_dir"])
         note = None
         if self.init.get("sandbox", True):
-            from pkb_tui.engine.sandbox import restrict_writes, runner_writable
+            from pkb_tui.engine.sandbox import drop_capabilities, restrict_writes, runner_writable
 
-            note = restrict_writes(runner_writable(Path(self.init["scratch_dir"])), scope_signals=True)
+            writable = runner_writable(Path(self.init["scratch_dir"]), Path(self.init["jit_dir"]), self.device.type)
+            note = restrict_writes(writable, scope_signals=True)
+            kept = drop_capabilities()
+            note = "; ".join(n for n in (note, kept) if n) or None
         else:
             note = "no write sandbox: PKB_SANDBOX=0"
         if self.device.type == "cuda":

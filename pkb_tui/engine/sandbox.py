@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 from pathlib import Path
 from typing import Iterable
 
@@ -45,6 +46,7 @@ _WRITE_RIGHTS_ABI1 = (
 )
 _REFER = 1 << 13     # ABI 2: link or rename across folders
 _TRUNCATE = 1 << 14  # ABI 3
+_FILE_RIGHTS = (1 << 1) | _TRUNCATE  # WRITE_FILE, TRUNCATE: the write rights that apply to a file
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -100,7 +102,9 @@ def default_writable(batch_dir: Path, extra: Iterable[str | Path] = ()) -> list[
     # /proc: the CUDA driver writes there while it starts (cudaGetDeviceCount fails with error 304
     # otherwise; measured on the H200 by bench/sandbox_cuda_probe.py). Landlock also confines
     # ptrace, so a sandboxed rank still cannot write another process's /proc/PID/mem.
-    return [Path(batch_dir), *sorted(temp), Path("/dev"), Path("/proc"), *mps, *caches, *(Path(p) for p in extra)]
+    jit_root = jit_cache_dir("")  # the runners' own JIT caches are made by their judge
+    return [Path(batch_dir), *sorted(temp), Path("/dev"), Path("/proc"), *mps, *caches, jit_root,
+            *(Path(p) for p in extra)]
 
 
 def restrict_writes(writable: Iterable[str | Path], *, scope_signals: bool = False) -> str | None:
@@ -130,7 +134,9 @@ def restrict_writes(writable: Iterable[str | Path], *, scope_signals: bool = Fal
             except OSError:
                 continue  # a folder that does not exist needs no rule
             try:
-                rule = _PathBeneathAttr(rights, fd)
+                # A file (a device such as /dev/null) takes only the rights a file can have.
+                is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+                rule = _PathBeneathAttr(rights if is_dir else rights & _FILE_RIGHTS, fd)
                 if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
                                 ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
                     return f"no write sandbox: landlock_add_rule({folder}) failed ({os.strerror(ctypes.get_errno())})"
@@ -145,15 +151,69 @@ def restrict_writes(writable: Iterable[str | Path], *, scope_signals: bool = Fal
     return None
 
 
-def runner_writable(scratch_dir: Path) -> list[Path]:
-    """Where a runner (the process that imports candidate code) may write: its own scratch
-    folder (TMPDIR points there), /dev (CUDA device files, NCCL's shared memory), /proc (the CUDA
-    driver), the MPS folders and the JIT caches. Not the batch folder (events, logs, other runs),
-    not /tmp or /var/tmp, not the project or the database."""
-    home = Path.home()
-    caches = _jit_caches([home / ".nv", home / ".cupy", home / ".triton", home / ".cache" / "torch_extensions"])
+def runner_writable(scratch_dir: Path, jit_dir: Path, device_type: str, pid: int | None = None) -> list[Path]:
+    """Where a runner (the process that imports candidate code) may write: its own scratch folder
+    (TMPDIR points there) and its model's own JIT caches (jit_env), nothing shared with another
+    model. On CPU, of /dev only the null, zero and full devices and of /proc only its own entry.
+    On a GPU also /dev (device files, NCCL's shared memory), /proc (the CUDA driver writes there
+    as it starts) and the MPS folders, until the files CUDA needs are probed on a GPU box. Not the
+    batch folder (events, logs, other runs), not /tmp or /var/tmp, not the project or the database."""
+    jit_dir.mkdir(parents=True, exist_ok=True)
+    if device_type != "cuda":
+        own = Path(f"/proc/{pid if pid is not None else os.getpid()}")
+        return [Path(scratch_dir), jit_dir, Path("/dev/null"), Path("/dev/zero"), Path("/dev/full"), own]
     mps = [Path(os.environ[e]) for e in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY") if os.environ.get(e)]
-    return [Path(scratch_dir), Path("/dev"), Path("/proc"), *mps, *caches]
+    return [Path(scratch_dir), jit_dir, Path("/dev"), Path("/proc"), *mps]
+
+
+def jit_cache_dir(model_key: str) -> Path:
+    """One model's JIT caches (torch extensions, CuPy, Triton, CUDA's, Inductor's): kept between
+    batches, so a model compiles once, and never shared, so one model cannot plant a build that
+    another loads. PKB_JIT_CACHE moves the root."""
+    root = Path(os.environ.get("PKB_JIT_CACHE") or Path.home() / ".cache" / "pkb-tui" / "jit")
+    return root / model_key
+
+
+def jit_env(jit_dir: Path) -> dict[str, str]:
+    """A runner's environment pointing every JIT cache it may write at ``jit_dir``."""
+    return {
+        "TORCH_EXTENSIONS_DIR": str(jit_dir / "torch_extensions"), "CUPY_CACHE_DIR": str(jit_dir / "cupy"),
+        "TRITON_CACHE_DIR": str(jit_dir / "triton"), "CUDA_CACHE_PATH": str(jit_dir / "nv"),
+        "TORCHINDUCTOR_CACHE_DIR": str(jit_dir / "inductor"), "XDG_CACHE_HOME": str(jit_dir / "xdg"),
+    }
+
+
+_PR_CAPBSET_READ, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 23, 24, 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> str | None:
+    """Give up every capability for good (bounding set, ambient, effective, permitted): a root
+    candidate can then not load kernel modules, trace or signal others, mount, or override file
+    permissions. None when done, else why not. For the calling thread and what it starts, so
+    called before a runner starts any thread of its own."""
+    libc = _libc()
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    for cap in range(64):
+        if libc.prctl(_PR_CAPBSET_READ, cap, 0, 0, 0) < 0:
+            break  # past the kernel's last capability
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # refused without CAP_SETPCAP: nothing to drop then
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    try:
+        if libc.capset(ctypes.byref(header), data) != 0:
+            return f"capabilities kept: capset failed ({os.strerror(ctypes.get_errno())})"
+    except AttributeError:
+        return "capabilities kept: this C library has no capset"
+    return None
 
 
 def _jit_caches(folders: list[Path], *extra_env: str) -> list[Path]:

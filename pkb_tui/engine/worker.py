@@ -23,6 +23,7 @@ import os
 import random
 import secrets
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from collectors.counters import combine_phases
-from pkb_tui.engine import channel, stats
+from pkb_tui.engine import channel, forkserver, limits, procs, sandbox, stats
 from pkb_tui.engine import events as ev
 from pkb_tui.engine.compare import (
     Comparison,
@@ -49,7 +50,7 @@ from pkb_tui.engine.compare import (
     judge_outputs,
     tensors_in,
 )
-from pkb_tui.engine.logs import RANKS_DID_NOT_START, read_regular
+from pkb_tui.engine.logs import RANKS_DID_NOT_START
 from pkb_tui.engine.modes import backend_for, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.timing import per_call_us, percentile, reconcile
@@ -67,7 +68,9 @@ MAX_ROUNDS = 40
 BLOCKS_PER_ROUND = {"cuda": 1, "cpu": 3}  # cpu: a round's p25 over its blocks shrugs off a descheduled rank
 TIMING_BUDGET_S = {"cuda": 30.0, "cpu": 20.0}  # adaptive rounds stop here (engine.stats.next_round_needed)
 MAX_CALLS_PER_BLOCK = 512
-TARGET_BLOCK_US = {"cuda": 5_000.0, "cpu": 20_000.0}
+# cpu: 5 ms, not more: gloo timings are for development, and each timed call costs the judges its
+# expected outputs (two collectives of their own), which on a small box is most of an item's time.
+TARGET_BLOCK_US = {"cuda": 5_000.0, "cpu": 5_000.0}
 ARENA_BUDGET_BYTES = {"cuda": 4 * 2**30, "cpu": 512 * 2**20}
 
 # Environment a runner must not inherit: the event key, torchrun's rendezvous, the launcher's pid.
@@ -76,6 +79,8 @@ _PRIVATE_ENV = ("PKB_EVENT_KEY", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN
                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE")
 
+
+LAUNCHER_STOPPED_LIMIT_S = 30.0  # a launcher stopped this long is taken for gone (a candidate's SIGSTOP)
 
 TIMED_SAMPLE = 8  # timed calls per block also judged one by one (a secret sample)
 
@@ -131,29 +136,34 @@ class RunnerProcess:
         self.from_runner, from_runner_w = os.pipe()
         self.arena = channel.Arena(judge.device, 1 << 20 if judge.device.type == "cuda" else 64 * 2**20)
         self.arena_size_sent = 0
-        scratch = Path(judge.spec["scratch_dir"]) / f"{label}.rank{judge.rank}"
-        scratch.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
-        env.update(PKB_RUNNER_FDS=f"{to_runner_r},{from_runner_w}", TMPDIR=str(scratch), PYTHONUNBUFFERED="1")
-        fds = [to_runner_r, from_runner_w]
-        if self.arena.fd is not None:
-            env["PKB_ARENA_FD"] = str(self.arena.fd)
-            fds.append(self.arena.fd)
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        # A folder of its own per item (nothing one candidate leaves there reaches the next), and
+        # JIT caches of its own model's (nothing one model builds is loaded by another).
+        item = judge.item
+        self.scratch = Path(judge.spec["scratch_dir"]) / (
+            f"item{item.index:03d}.{label}.rank{judge.rank}" if item is not None else f"{label}.rank{judge.rank}")
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        jit_dir = sandbox.jit_cache_dir(_model_key(item if label == "candidate" else None))
+        jit_dir.mkdir(parents=True, exist_ok=True)
+        env = {**runner_env(), **sandbox.jit_env(jit_dir), "TMPDIR": str(self.scratch)}
+        scratch = self.scratch
+        self.output = limits.OutputCapture(log_path)  # head and tail kept, however much it prints
+        self.violation: str | None = None  # the limit its processes passed (set by the judge's guard)
+        judge.spawning += 1
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pkb_tui.engine.runner"], pass_fds=fds, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, env=env, cwd=str(scratch), start_new_session=True,
-            )
+            self.proc: subprocess.Popen[bytes] | forkserver.RunnerHandle = judge.start_runner_process(
+                {"to_runner": to_runner_r, "from_runner": from_runner_w, "log": self.output.write_fd,
+                 **({"arena": self.arena.fd} if self.arena.fd is not None else {})}, env, str(scratch))
+            judge.runners.add(self)
         finally:
-            os.close(log)
+            judge.spawning -= 1
+            self.output.handed_over()
             os.close(to_runner_r)
             os.close(from_runner_w)
         self.stopped = False
         channel.send(self.to_runner, {
             "rank": judge.rank, "world_size": judge.world_size, "mode": judge.mode, "device": str(judge.device),
             "backend": backend_for(judge.mode), "master_addr": judge.master_addr, "port": port,
-            "scratch_dir": str(scratch), "timeout_s": max(30.0, float(judge.request.timeout_s)),
+            "scratch_dir": str(scratch), "jit_dir": str(jit_dir), "timeout_s": max(30.0, float(judge.request.timeout_s)),
             "sandbox": os.environ.get("PKB_SANDBOX", "1") != "0",
         })
         self.started = False
@@ -195,8 +205,11 @@ class RunnerProcess:
             raise CandidateFailure("error", f"the {self.label} on rank {self.judge.rank} broke the protocol: {exc}") from exc
 
     def _exited(self, code: int) -> str:
-        """The sentence for a runner that died: its exit code and the last thing it said."""
-        said = _last_lines(self.log_path, 3)
+        """The sentence for a runner that died: the limit it passed, or its exit code and the last
+        thing it said."""
+        if self.violation:
+            return f"the {self.label}'s processes on rank {self.judge.rank} {self.violation}; they were killed"
+        said = self.output.last_lines(3)
         return f"the {self.label}'s process on rank {self.judge.rank} exited with code {code}" + (f": {said}" if said else "")
 
     def ensure_arena(self, nbytes: int, deadline: float, abort: Any = None) -> None:
@@ -230,14 +243,12 @@ class RunnerProcess:
 
     def close(self) -> None:
         """End the runner and everything it started (its session, then any descendant)."""
-        from pkb_tui.engine.launcher import kill_process_tree
-
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except OSError:
                 pass
-            kill_process_tree(self.proc.pid, grace_s=0.5)
+            procs.kill_process_tree(self.proc.pid, grace_s=0.5)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -248,12 +259,11 @@ class RunnerProcess:
             except OSError:
                 pass
         self.arena.close()
-
-
-def _last_lines(path: Path, count: int) -> str:
-    """The last non-empty lines of a runner's log (a regular file only, its last 8 KiB)."""
-    lines = [line.strip() for line in read_regular(path, 8192).splitlines() if line.strip()]
-    return " | ".join(lines[-count:])[:600]
+        self.output.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.judge.runners.discard(self)
+        if self.judge.guarded is self:
+            self.judge.guarded = None
 
 
 def _expect_ok(reply: dict[str, Any], label: str) -> None:
@@ -278,9 +288,17 @@ class Rank:
         self._events_file: Any = None
         self._lock = threading.Lock()
         self.current_item: int | None = None
+        self.item: RunItem | None = None
         self.sandbox_note: str | None = None
         self.runner_note: str | None = None
         self.baseline_runner: RunnerProcess | None = None
+        self.forkserver: forkserver.ForkServer | None = None
+        self.forkserver_failed = False
+        self.limits = limits.Limits.from_request(self.request.max_host_memory_gib, self.request.max_tasks,
+                                                 int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)))
+        self.guarded: RunnerProcess | None = None  # this item's candidate runner, watched by _guard
+        self.runners: set[RunnerProcess] = set()  # every live runner (the guard counts none of the others)
+        self.spawning = 0  # a runner being forked is nobody's yet: the guard waits
         self._first_item = True
         self._abort_epoch = 0
         self._flush: torch.Tensor | None = None
@@ -304,20 +322,70 @@ class Rank:
             self._events_file.flush()
 
     def _watchdog(self) -> None:
-        """Heartbeats for the launcher; and if the launcher died, end this judge (torchrun then ends
-        the others), so no orphaned ranks run on."""
+        """Heartbeats for the launcher; and if the launcher died, or has been stopped (SIGSTOP)
+        past LAUNCHER_STOPPED_LIMIT_S, end this judge (torchrun then ends the others), so no
+        orphaned ranks run on and no batch hangs on a launcher nobody will wake."""
         launcher_pid = int(self.spec["launcher_pid"])
         interval = float(self.spec.get("heartbeat_s", 1.0))
+        launcher = procs.StopWatch(launcher_pid)
         while True:
             time.sleep(interval)
-            try:
-                os.kill(launcher_pid, 0)
-            except ProcessLookupError:
+            if not procs.alive(launcher_pid) or launcher.stopped_s() > LAUNCHER_STOPPED_LIMIT_S:
+                print(f"pkb: rank {self.rank}: the launcher (pid {launcher_pid}) is gone or stopped; ending",
+                      file=sys.stderr, flush=True)
                 self._end_runners()
                 os._exit(75)
-            except PermissionError:
-                pass
             self.emit(ev.Heartbeat(ts=_now(), item=self.current_item))
+
+    def _guard(self) -> None:
+        """Four times a second: the candidate's processes (its runner's tree and whatever escaped
+        from it back to this judge) against the candidate's limits (engine.limits); past one,
+        they are killed and the run's verdict names the limit."""
+        while True:
+            time.sleep(limits.GUARD_INTERVAL_S)
+            runner = self.guarded
+            if runner is not None:
+                try:
+                    self._enforce_limits(runner)
+                except OSError:
+                    pass
+
+    def _enforce_limits(self, runner: RunnerProcess) -> None:
+        """One look by the guard: past a limit, the candidate's processes are killed."""
+        if runner.violation or self.spawning:
+            return
+        pids = self._candidate_pids(runner)
+        violation = limits.over_limit(procs.usage_of(pids), self.limits)
+        if violation and self.guarded is runner and not self.spawning:
+            runner.violation = violation
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def _within_limits(self, candidate: RunnerProcess, status: str, detail: str | None) -> tuple[str, str | None]:
+        """The verdict once more against the limits, looked at now (a run can end between two of
+        the guard's looks); every judge agrees on it."""
+        try:
+            self._enforce_limits(candidate)
+        except OSError:
+            pass
+        said = candidate._exited(-9) if candidate.violation else None
+        broken = [s for s in self.agree(said) if s]
+        if broken and status not in ("error", "timeout"):
+            return "error", broken[0]
+        return status, detail
+
+    def _candidate_pids(self, runner: RunnerProcess) -> list[int]:
+        """This judge's descendants but the fork server's, and other runners', trees."""
+        children = procs.children_by_parent()
+        spared: set[int] = set()
+        for other in [*(r for r in list(self.runners) if r is not runner), self.forkserver]:
+            if other is not None:
+                spared.add(other.pid)
+                spared.update(procs.subtree(children, other.pid))
+        return [pid for pid in procs.subtree(children, os.getpid()) if pid not in spared]
 
     def gather(self, value: Any) -> list[Any] | None:
         out = [None] * self.world_size if self.rank == 0 else None
@@ -362,6 +430,7 @@ class Rank:
         self.store = dist.distributed_c10d._get_default_store()
         self.nonce = hashlib.blake2b(f"{self.secret_seed}".encode(), digest_size=8).hexdigest()
         threading.Thread(target=self._watchdog, daemon=True, name="pkb-watchdog").start()
+        threading.Thread(target=self._guard, daemon=True, name="pkb-guard").start()
         host = self.host_facts()
         pids = self.gather(os.getpid())
         self.emit(ev.BatchStarted(
@@ -372,7 +441,7 @@ class Rank:
         ))
         try:
             for item in self.items:
-                self.current_item = item.index
+                self.current_item, self.item = item.index, item
                 self._redirect_output(item)
                 try:
                     self.run_item(item)
@@ -400,7 +469,28 @@ class Rank:
         if self.baseline_runner is not None:
             self.baseline_runner.close()
             self.baseline_runner = None
+        if self.forkserver is not None:
+            self.forkserver.close()
+            self.forkserver = None
         _end_children()
+
+    def start_runner_process(self, fds: dict[str, int], env: dict[str, str], cwd: str
+                             ) -> subprocess.Popen[bytes] | forkserver.RunnerHandle:
+        """A runner process, forked from this judge's fork server (engine.forkserver); a fresh
+        interpreter where that is switched off or the server failed (said once in the rank's log)."""
+        if forkserver.enabled() and not self.forkserver_failed:
+            try:
+                if self.forkserver is None:
+                    self.forkserver = forkserver.ForkServer(runner_env(), self.log_dir / f"forkserver.rank{self.rank}.log")
+                return self.forkserver.spawn(fds, env, cwd)
+            except (forkserver.ForkServerError, OSError) as exc:
+                print(f"pkb: rank {self.rank}: the runner fork server failed ({exc}); starting runners afresh",
+                      file=sys.stderr, flush=True)
+                self.forkserver_failed = True
+                if self.forkserver is not None:
+                    self.forkserver.close()
+                    self.forkserver = None
+        return start_runner_subprocess(fds, env, cwd)
 
     def _restrict_writes(self) -> str | None:
         if os.environ.get("PKB_SANDBOX", "1") == "0":
@@ -416,6 +506,9 @@ class Rank:
             notes.append(f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect")
         if self.mode == "cpu":
             notes.append("cpu: for development, not a measurement (gloo on CPU tensors)")
+        notes.append(f"limits per candidate and rank: {self.limits.host_memory_bytes / limits.GIB:.1f} GiB of host "
+                     f"memory, {self.limits.tasks} threads and processes, the first and last "
+                     f"{limits.OUTPUT_HALF_BYTES // 2**20} MiB of its output kept")
         return notes
 
     def host_facts(self) -> dict[str, Any]:
@@ -450,7 +543,11 @@ class Rank:
         """Start runners side by side (their start-ups overlap) and wait until each one's process
         group is up; every judge agrees on any failure, and the runners are stopped till needed."""
         ports = [self._port() for _ in wanted]
-        runners = [RunnerProcess(self, label, port, log_path) for (label, log_path), port in zip(wanted, ports)]
+        runners = []
+        for (label, log_path), port in zip(wanted, ports):
+            runners.append(RunnerProcess(self, label, port, log_path))
+            if label == "candidate":
+                self.guarded = runners[-1]
         failure = None
         for runner in runners:
             try:
@@ -458,7 +555,10 @@ class Rank:
                 if not reply.get("ok"):
                     failure = failure or ("error", str(reply.get("error"))[:2000])
                 elif reply.get("sandbox_note"):
-                    self.runner_note = str(reply["sandbox_note"])[:300]
+                    note = f"the {runner.label}'s sandbox on rank {self.rank}: {str(reply['sandbox_note'])[:300]}"
+                    if self.item is not None:
+                        self.emit(ev.RunNote(item=self.item.index, note=note))
+                    self.runner_note = note
             except channel.ChannelError as exc:
                 code = runner.proc.poll()
                 if code is None:  # not up in time: the harness's start-up, not the candidate's doing
@@ -467,7 +567,7 @@ class Rank:
                                                    f"process on rank {self.rank} was not up in time")
                 else:
                     failure = failure or ("error", f"the {runner.label}'s process on rank {self.rank} did not start "
-                                                   f"(exit code {code}): {_last_lines(runner.log_path, 3) or exc}")
+                                                   f"(exit code {code}): {runner.output.last_lines(3) or exc}")
         failures = [f for f in self.agree(failure) if f]
         if failures:
             for runner in runners:
@@ -562,6 +662,7 @@ class Rank:
                     status, detail = timing_status, timing_detail
             if status == "passed" and req.profile:
                 self._profile(item, candidate, deadline, abort)
+            status, detail = self._within_limits(candidate, status, detail)
             self.emit(ev.RunFinished(item=item.index, status=status, detail=detail))
         finally:
             if candidate is not None:
@@ -569,7 +670,7 @@ class Rank:
             if self.baseline_runner is not None:
                 self.baseline_runner.close()
                 self.baseline_runner = None
-            _end_children()
+            _end_children(keep=self.forkserver.pid if self.forkserver is not None else None)
 
     def _context(self, task: Task, item: RunItem, label: Any) -> Any:
         req = self.request
@@ -1088,7 +1189,7 @@ def _failure_order(entry: Any) -> int:
     """The cause before its echoes: a runner that died or hung, then one that raised (its peers
     often raise only because it died), then the ranks told to stop."""
     message = str(entry[1])
-    if "exited with code" in message or entry[0] == "timeout":
+    if "exited with code" in message or "; they were killed" in message or entry[0] == "timeout":
         return 0
     return 2 if message.startswith("stopped:") else 1
 
@@ -1163,17 +1264,38 @@ def _become_subreaper() -> None:
         pass
 
 
-def _end_children(keep: int | None = None) -> None:
-    """Kill every descendant of this judge but the runner ``keep`` (and its own descendants)."""
-    from pkb_tui.engine.launcher import _descendants, kill_process_tree
+def _model_key(item: RunItem | None) -> str:
+    """A folder name per model for its JIT caches: its name and a hash of where it lives."""
+    if item is None or not item.model_path:
+        return "baseline"
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in item.model)[:40]
+    return f"{name}-{hashlib.blake2b(str(Path(item.model_path).resolve()).encode(), digest_size=6).hexdigest()}"
 
-    spared = set()
-    if keep is not None:
-        spared = {keep, *_descendants(keep)}
-    for pid in _descendants(os.getpid()):
-        if pid not in spared:
+
+def runner_env() -> dict[str, str]:
+    """A runner's environment: the judge's, less its secrets and torchrun's rendezvous."""
+    return {**{k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}, "PYTHONUNBUFFERED": "1"}
+
+
+def start_runner_subprocess(fds: dict[str, int], env: dict[str, str], cwd: str) -> subprocess.Popen[bytes]:
+    """A runner in a fresh interpreter (PKB_FORKSERVER=0, or the fork server failed)."""
+    env = {**env, "PKB_RUNNER_FDS": f"{fds['to_runner']},{fds['from_runner']}"}
+    passed = [fds["to_runner"], fds["from_runner"]]
+    if "arena" in fds:
+        env["PKB_ARENA_FD"] = str(fds["arena"])
+        passed.append(fds["arena"])
+    return subprocess.Popen(
+        [sys.executable, "-m", "pkb_tui.engine.runner"], pass_fds=passed, stdin=subprocess.DEVNULL,
+        stdout=fds["log"], stderr=fds["log"], env=env, cwd=cwd, start_new_session=True,
+    )
+
+
+def _end_children(keep: int | None = None) -> None:
+    """Kill every descendant of this judge but ``keep`` (the fork server, between items)."""
+    for pid in procs.descendants(os.getpid()):
+        if pid != keep:
             try:
-                kill_process_tree(pid, grace_s=0.2)
+                procs.kill_process_tree(pid, grace_s=0.2)
             except OSError:
                 pass
     try:

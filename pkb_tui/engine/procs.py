@@ -1,0 +1,121 @@
+"""Processes as /proc shows them: trees, states, resident memory; and ending a tree.
+
+The launcher ends torchrun's tree, a judge ends its runners and whatever they started, the judge's
+guard measures a candidate's processes (engine.limits), and both sides notice a peer that was
+stopped (SIGSTOP) rather than killed. Linux only, as the rest of the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: [state, ppid, pgrp, ...] (fields 3 onwards)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(") ", 1)[1].split()
+
+
+def children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(_stat_fields(int(entry))[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def subtree(children: dict[int, list[int]], pid: int) -> list[int]:
+    """The descendants of ``pid`` (not itself) in a map from children_by_parent."""
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    return subtree(children_by_parent(), pid)
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter (R, S, D, T stopped, t traced, Z zombie...), None when gone."""
+    try:
+        return _stat_fields(pid)[0]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    return state(pid) not in (None, "Z", "X")
+
+
+class StopWatch:
+    """How long a process has been seen stopped (SIGSTOP or traced), by repeated looks."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._since: float | None = None
+
+    def stopped_s(self) -> float:
+        if state(self.pid) in ("T", "t"):
+            now = time.monotonic()
+            self._since = self._since or now
+            return now - self._since
+        self._since = None
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Usage:
+    resident_bytes: int
+    tasks: int  # threads of every process (a process has at least one)
+    processes: int
+
+
+def usage_of(pids: list[int]) -> Usage:
+    """Resident memory and threads of these processes (the ones gone are skipped)."""
+    resident = tasks = processes = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                resident += int(f.read().split()[1]) * _PAGE_BYTES
+            tasks += int(_stat_fields(pid)[17])
+            processes += 1
+        except (OSError, IndexError, ValueError):
+            continue
+    return Usage(resident, tasks, processes)
+
+
+def kill_process_tree(pid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM then SIGKILL a process and all its descendants (torchrun puts ranks in new sessions,
+    so killing its process group alone would orphan them)."""
+    victims = [pid, *descendants(pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        live = []
+        for victim in victims:
+            try:
+                os.kill(victim, sig)
+                live.append(victim)
+            except ProcessLookupError:
+                pass
+        if not live:
+            return
+        children = children_by_parent()
+        victims = live + [d for v in live for d in subtree(children, v) if d not in live]
+        end = time.monotonic() + grace_s
+        while sig == signal.SIGTERM and time.monotonic() < end:
+            if not any(alive(v) for v in victims):
+                return
+            time.sleep(0.05)
