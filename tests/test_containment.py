@@ -9,15 +9,24 @@ is left running.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pkb_tui.engine.sandbox import landlock_abi
+from tests.conftest import fixture_model
 
 CONTAINMENT = Path(__file__).parent / "fixtures" / "containment"
-HONEST = Path(__file__).resolve().parents[1] / "solutions" / "torch-p2p"
+ROOT = Path(__file__).resolve().parents[1]
+HONEST = ROOT / "solutions" / "torch-p2p"
 
 
 def _processes_under(folder: Path) -> list[str]:
@@ -82,3 +91,104 @@ def test_a_runner_without_its_sandbox_says_so_in_the_runs_notes(cli, tmp_db: Pat
     (run,) = result.json()["runs"]
     assert run["status"] == "passed", run
     assert "the candidate's sandbox on rank 0: no write sandbox: PKB_SANDBOX=0" in run["notes"], run["notes"]
+
+
+def _judges_of(runs_dir: Path) -> list[int]:
+    """The judge processes (torchrun's ranks) of batches under ``runs_dir``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            if "pkb_tui.engine.worker" in cmdline and str(runs_dir) in cmdline and "torch.distributed.run" not in cmdline:
+                pids.append(int(entry))
+    return sorted(pids)
+
+
+def _start_hung_batch(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, list[int]]:
+    """A CLI batch whose candidate spins forever; returns once both judges are up."""
+    runs_dir = tmp_path / "runs"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "pkb_tui.cli", "--db", str(tmp_path / "runs.db"), "run", "--task", "all_reduce",
+         "--model", fixture_model("hang"), "--world-size", "2", "--trials", "1", "--no-timing", "--no-profile",
+         "--timeout", "600", "--runs-dir", str(runs_dir), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+    )
+    deadline = time.monotonic() + 300
+    while not _run_is_running(tmp_path / "runs.db"):
+        if cli.poll() is not None or time.monotonic() > deadline:
+            cli.kill()
+            raise AssertionError(f"the run did not start: {cli.communicate()}")
+        time.sleep(0.5)
+    judges = _judges_of(runs_dir)
+    if len(judges) != 2:
+        cli.kill()
+        raise AssertionError(f"two judges expected: {judges}")
+    return cli, runs_dir, judges
+
+
+def _run_is_running(db: Path) -> bool:
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+            return conn.execute("SELECT status FROM runs").fetchall() == [("running",)]
+    except sqlite3.Error:
+        return False
+
+
+@pytest.mark.timeout(600)
+def test_a_stopped_judge_ends_the_launch_with_a_sentence_that_says_so(tmp_path: Path) -> None:
+    cli, runs_dir, judges = _start_hung_batch(tmp_path)
+    os.kill(judges[1], signal.SIGSTOP)  # what a candidate without Landlock's signal scoping could do
+    try:
+        out, err = cli.communicate(timeout=240)
+    finally:
+        for pid in judges:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        cli.kill()
+    (run,) = json.loads(out)["runs"]
+    assert run["status"] == "error", run
+    assert "was stopped (SIGSTOP or a tracer)" in run["status_detail"], run["status_detail"]
+    assert _judges_of(runs_dir) == [] and _processes_under(runs_dir) == []
+
+
+@pytest.mark.timeout(600)
+def test_a_stopped_launcher_is_taken_for_gone_and_nothing_runs_on(tmp_path: Path) -> None:
+    cli, runs_dir, judges = _start_hung_batch(tmp_path)
+    os.kill(cli.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 180  # the judges give a stopped launcher 30 s
+        while _judges_of(runs_dir) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert _judges_of(runs_dir) == [], "the judges ran on under a stopped launcher"
+    finally:
+        os.kill(cli.pid, signal.SIGCONT)
+    try:
+        out, err = cli.communicate(timeout=240)
+    finally:
+        cli.kill()
+    (run,) = json.loads(out)["runs"]
+    assert run["status"] == "error", run  # recorded when the launcher wakes, never "passed"
+    assert _processes_under(runs_dir) == []
+
+
+def test_old_batch_folders_go_after_the_retention_and_nothing_else_does(tmp_path: Path, monkeypatch) -> None:
+    from pkb_tui.engine.launcher import remove_old_batches
+
+    monkeypatch.setenv("PKB_LOG_RETENTION_DAYS", "30")
+    now = time.time()
+    old, new, other, current = (tmp_path / n for n in ("20261001-101010-abcdef", "20261201-101010-012345",
+                                                        "my-notes", "20261002-101010-fedcba"))
+    for folder in (old, new, other, current):
+        folder.mkdir()
+        (folder / "run-1.log").write_text("x")
+    for folder in (old, other, current):
+        os.utime(folder, (now - 40 * 86400, now - 40 * 86400))
+    assert remove_old_batches(tmp_path, keep=current, now=now) == [old]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([new.name, other.name, current.name])
+    monkeypatch.setenv("PKB_LOG_RETENTION_DAYS", "0")
+    os.utime(new, (now - 400 * 86400, now - 400 * 86400))
+    assert remove_old_batches(tmp_path, now=now) == []

@@ -223,7 +223,8 @@ def test_a_candidate_cannot_write_outside_the_runs_folders(cli, tmp_db: Path, mo
         assert not any("no write sandbox" in note for note in run["notes"])
         log = Path(run["log_path"]).read_text()
         assert "write refused: PermissionError" in log and "write allowed" not in log
-        scratch = Path(run["log_path"]).parent / "scratch" / "candidate.rank0" / "scratch-note.txt"
-        assert scratch.read_text() == "scratch is fine\n"  # its own working folder stays writable
+        assert "scratch read back: scratch is fine" in log  # its own working folder stays writable
+        # ... and goes with the batch, as torchrun's temporary folders do (TMPDIR pointed there).
+        assert not (Path(run["log_path"]).parent / "scratch").exists()
     finally:
         target.unlink(missing_ok=True)

@@ -158,8 +158,11 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
 
 def serve(sock: socket.socket) -> int:
     """Answer fork requests until the judge closes its end."""
-    from pkb_tui.engine import channel, runner  # noqa: F401 - warm: what every runner imports first
+    from pkb_tui.engine import channel, procs, runner  # noqa: F401 - warm: what every runner imports first
 
+    judge_pid = os.getppid()
+    if not procs.die_with(judge_pid, wait_s=0):
+        return 0
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _send(sock, {"ready": True})
     while True:
@@ -177,7 +180,7 @@ def serve(sock: socket.socket) -> int:
                 return 1
             request = json.loads(_recv_exact(sock, length))
             named = dict(zip(request["fds"], fds, strict=True))
-            pid = _fork_runner(sock, named, dict(request["env"]), str(request["cwd"]))
+            pid = _fork_runner(sock, named, dict(request["env"]), str(request["cwd"]), judge_pid)
             _send(sock, {"pid": pid})
         except Exception as exc:  # noqa: BLE001 - told to the judge, who falls back
             _send(sock, {"error": f"{type(exc).__name__}: {exc}"})
@@ -186,7 +189,7 @@ def serve(sock: socket.socket) -> int:
                 os.close(fd)
 
 
-def _fork_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str], cwd: str) -> int:
+def _fork_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str], cwd: str, judge_pid: int) -> int:
     """Fork twice; the runner (grandchild) reports its pid once it leads a session of its own."""
     pid_r, pid_w = os.pipe()
     sys.stdout.flush()
@@ -198,7 +201,7 @@ def _fork_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str], 
             try:
                 if os.fork() == 0:
                     os.close(pid_r)
-                    _become_runner(sock, fds, env, cwd, pid_w)  # never returns
+                    _become_runner(sock, fds, env, cwd, pid_w, judge_pid)  # never returns
                 os._exit(0)
             except BaseException:  # noqa: BLE001
                 os._exit(1)
@@ -214,7 +217,8 @@ def _fork_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str], 
     return int(data)
 
 
-def _become_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str], cwd: str, pid_w: int) -> None:
+def _become_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str], cwd: str, pid_w: int,
+                   judge_pid: int) -> None:
     code = 1
     try:
         os.setsid()
@@ -227,6 +231,10 @@ def _become_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str]
         _close_all_but(keep)
         os.write(pid_w, str(os.getpid()).encode())
         os.close(pid_w)
+        from pkb_tui.engine import procs
+
+        if not procs.die_with(judge_pid):  # re-parented to the judge: it dies, this runner dies
+            os._exit(1)
         os.environ.clear()
         os.environ.update(env)
         os.environ["PKB_RUNNER_FDS"] = f"{fds['to_runner']},{fds['from_runner']}"

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import shutil
 import socket
 import stat
 import subprocess
@@ -189,6 +191,10 @@ class Launcher:
                 mps.stop()
             self._stop_telemetry()
             store.close()
+            # Temporary trees go with the batch (runners' scratch, torchrun's torchelastic_*
+            # folders, which TMPDIR puts there); logs stay, older batches' within the retention.
+            shutil.rmtree(batch_dir / "scratch", ignore_errors=True)
+            remove_old_batches(self.runs_dir, keep=batch_dir)
         statuses = {s.run_id: s.status for s in states.values()}
         return BatchOutcome([s.run_id for s in states.values()], statuses, list(self.skipped))
 
@@ -263,6 +269,7 @@ class Launcher:
         event_key = secrets.token_bytes(32)
         env["PKB_EVENT_KEY"] = event_key.hex()
         env["PYTHONUNBUFFERED"] = "1"
+        env["TMPDIR"] = str(scratch)  # torchrun's torchelastic_* folders are removed with it
         env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
         if mode == "cpu":
             env.setdefault("OMP_NUM_THREADS", "1")
@@ -287,7 +294,10 @@ class Launcher:
         deadline = started + request.timeout_s + judge_grace_s(request.timeout_s)
         last_beat = started
         any_run_started = False
-        watched = [(f"torchrun (pid {self._proc.pid})", procs.StopWatch(self._proc.pid))]
+        # Stopped processes of ours: torchrun and its children (the judges), found by looking, so
+        # a judge stopped before it could say who it is is seen too.
+        watched = {self._proc.pid: (f"torchrun (pid {self._proc.pid})", procs.StopWatch(self._proc.pid))}
+        rank_of: dict[int, int] = {}
         last_look = started
 
         def handle(event: ev.Event) -> None:
@@ -299,8 +309,7 @@ class Launcher:
                 self._on_batch_started(store, states, items, event)
                 if self.telemetry is not None:
                     self.telemetry.set_rank_pids(event.rank_pids)  # CPU use per rank, in rank order
-                watched.extend((f"rank {r}'s judge (pid {pid})", procs.StopWatch(int(pid)))
-                               for r, pid in enumerate(event.rank_pids or []))
+                rank_of.update({int(pid): r for r, pid in enumerate(event.rank_pids or [])})
             elif isinstance(event, ev.RunStarted) and state is not None:
                 current, any_run_started = event.item, True
                 state.started = True
@@ -364,9 +373,16 @@ class Launcher:
                 break
             if now - last_look >= 1.0:
                 last_look = now
-                stopped = next((what for what, watch in watched if watch.stopped_s() > STOPPED_LIMIT_S), None)
-                if stopped:
-                    outcome = ("error", f"{stopped} was stopped (SIGSTOP or a tracer) for over {STOPPED_LIMIT_S:g} s "
+                for pid in procs.children_by_parent().get(self._proc.pid, []):
+                    watched.setdefault(pid, ("a judge", procs.StopWatch(pid)))
+                stopped = next((pid for pid, (_, watch) in watched.items() if watch.stopped_s() > STOPPED_LIMIT_S), None)
+                if stopped is not None:
+                    what = watched[stopped][0]
+                    if stopped in rank_of:
+                        what = f"rank {rank_of[stopped]}'s judge (pid {stopped})"
+                    elif what == "a judge":
+                        what = f"a judge (pid {stopped})"
+                    outcome = ("error", f"{what} was stopped (SIGSTOP or a tracer) for over {STOPPED_LIMIT_S:g} s "
                                         "by something outside pkb-tui; the ranks were killed")
                     break
             time.sleep(0.05)
@@ -574,6 +590,36 @@ class Launcher:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def remove_old_batches(runs_dir: Path, keep: Path | None = None, now: float | None = None) -> list[Path]:
+    """Batch folders (logs, traces) older than PKB_LOG_RETENTION_DAYS (default 30; 0 keeps all)
+    are removed; only folders named as the launcher names them. Returns those removed."""
+    try:
+        days = float(os.environ.get("PKB_LOG_RETENTION_DAYS", "30"))
+    except ValueError:
+        days = 30.0
+    if days <= 0:
+        return []
+    cutoff = (now if now is not None else time.time()) - days * 86400.0
+    removed = []
+    try:
+        entries = list(runs_dir.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        if entry == keep or not _BATCH_NAME.fullmatch(entry.name):
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink() and entry.stat().st_mtime < cutoff:
+                shutil.rmtree(entry)
+                removed.append(entry)
+        except OSError:
+            continue
+    return removed
+
+
+_BATCH_NAME = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
 
 
 def _create_new(path: Path, data: bytes) -> None:

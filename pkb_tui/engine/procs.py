@@ -119,3 +119,19 @@ def kill_process_tree(pid: int, grace_s: float = 3.0) -> None:
             if not any(alive(v) for v in victims):
                 return
             time.sleep(0.05)
+
+
+def die_with(parent_pid: int, wait_s: float = 5.0) -> bool:
+    """Be SIGKILLed when ``parent_pid`` (this process's parent, or soon to be, once a double fork
+    has re-parented it) dies, so nothing outlives a judge killed without its cleanup. False when
+    that parent is already gone (the caller exits)."""
+    import ctypes
+
+    end = time.monotonic() + wait_s
+    while os.getppid() != parent_pid and time.monotonic() < end:
+        time.sleep(0.001)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    return os.getppid() == parent_pid

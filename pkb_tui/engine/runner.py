@@ -26,6 +26,12 @@ _perf_counter_ns = time.perf_counter_ns
 
 
 def main() -> int:
+    judge_pid = os.environ.pop("PKB_JUDGE_PID", None)  # started afresh (not forked): die with the judge
+    if judge_pid:
+        from pkb_tui.engine import procs
+
+        if not procs.die_with(int(judge_pid), wait_s=0):
+            return 1
     read_fd, write_fd = (int(v) for v in os.environ.pop("PKB_RUNNER_FDS").split(","))
     arena_fd = int(os.environ.pop("PKB_ARENA_FD")) if os.environ.get("PKB_ARENA_FD") else None
     from pkb_tui.engine import channel  # torch is imported here, before any candidate code
