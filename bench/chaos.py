@@ -94,18 +94,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def start_batch(db: Path, runs_dir: Path, models: str) -> subprocess.Popen[bytes]:
+def start_batch(db: Path, runs_dir: Path, models: str, timing: bool = True) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "pkb_tui.cli", "--db", str(db), "run", "--task", "all_reduce,all_gather",
-         "--model", models, "--world-size", "2", "--trials", "1", "--iterations", "4", "--warmup", "1",
-         "--no-profile", "--timeout", "300", "--runs-dir", str(runs_dir), "--json"],
+         "--model", models, "--world-size", "2", "--trials", "2", "--iterations", "4", "--warmup", "1",
+         "--no-profile", "--timeout", "300", "--runs-dir", str(runs_dir), "--json", *([] if timing else ["--no-timing"])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(ROOT), start_new_session=True,
     )
 
 
-def run_moment(moment: Moment, db: Path, runs_dir: Path, models: str) -> None:
+def run_moment(moment: Moment, db: Path, runs_dir: Path, models: str, timing: bool = True) -> None:
     runs_dir.mkdir(parents=True, exist_ok=True)
-    cli = start_batch(db, runs_dir, models)
+    cli = start_batch(db, runs_dir, models, timing)
     end = time.monotonic() + moment.delay_s
     victim_pid = None
     while time.monotonic() < end or victim_pid is None:
@@ -169,22 +169,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--max-delay-s", type=float, default=25.0)
     parser.add_argument("--models", default="baseline")
+    parser.add_argument("--no-timing", action="store_true", help="correctness only (kills land in the trials)")
+    parser.add_argument("--victims", default=",".join(VICTIMS), help="which processes may be killed")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pkb-chaos-"))
     db = workdir / "runs.db"
     rng = random.Random(args.seed)
     moments = []
+    victims = [v for v in args.victims.split(",") if v in VICTIMS]
     for i in range(args.moments):
-        victim = VICTIMS[i % len(VICTIMS)] if args.moments <= len(VICTIMS) else rng.choice(VICTIMS)
+        victim = victims[i % len(victims)] if args.moments <= len(victims) else rng.choice(victims)
         moment = Moment(i, victim, round(rng.uniform(1.0, args.max_delay_s), 2))
-        run_moment(moment, db, workdir / "runs", args.models)
+        run_moment(moment, db, workdir / "runs", args.models, not args.no_timing)
         moments.append(moment)
         verdict = "ok" if not moment.problems else "PROBLEM: " + "; ".join(moment.problems)
         print(f"{i:3d} {moment.victim:9s} at {moment.delay_s:5.2f} s  killed {moment.killed:32s} "
               f"runs {','.join(moment.statuses)}  {verdict}", flush=True)
     final = Moment(len(moments), "none", 0.0)
-    cli = start_batch(db, workdir / "runs", args.models)
+    cli = start_batch(db, workdir / "runs", args.models, not args.no_timing)
     code = cli.wait(timeout=900)
     check_database(db, final)
     if code != 0 or any(s != "passed" for s in final.statuses):

@@ -973,7 +973,7 @@ class Rank:
             try:
                 for sub in range(per_round):
                     inputs, expected, truths = fresh((round_index, sub), calls)
-                    order = variants if (round_index + sub) % 2 == 0 else variants[::-1]
+                    order = variants if (round_index * per_round + sub) % 2 == 0 else variants[::-1]  # B C, C B, ... block by block
                     for variant, runner in order:
                         self.emit(ev.Progress(item=item.index, phase="timing", variant=variant))
                         for how in methods:
