@@ -47,6 +47,7 @@ class Moment:
     killed: str = ""  # what was killed (pid and what it was), or why nothing was
     problems: list[str] = field(default_factory=list)
     statuses: list[str] = field(default_factory=list)
+    took_s: float = 0.0
 
 
 def _cmdline(pid: int) -> str:
@@ -181,11 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.moments):
         victim = victims[i % len(victims)] if args.moments <= len(victims) else rng.choice(victims)
         moment = Moment(i, victim, round(rng.uniform(1.0, args.max_delay_s), 2))
+        t0 = time.monotonic()
         run_moment(moment, db, workdir / "runs", args.models, not args.no_timing)
+        moment.took_s = round(time.monotonic() - t0, 1)
         moments.append(moment)
         verdict = "ok" if not moment.problems else "PROBLEM: " + "; ".join(moment.problems)
         print(f"{i:3d} {moment.victim:9s} at {moment.delay_s:5.2f} s  killed {moment.killed:32s} "
-              f"runs {','.join(moment.statuses)}  {verdict}", flush=True)
+              f"runs {','.join(moment.statuses)}  ({moment.took_s:.0f} s)  {verdict}", flush=True)
     final = Moment(len(moments), "none", 0.0)
     cli = start_batch(db, workdir / "runs", args.models, not args.no_timing)
     code = cli.wait(timeout=900)
