@@ -210,6 +210,20 @@ class RunnerProcess:
                 raise CandidateFailure("timeout", f"the {self.label} did not answer within its timeout on rank {self.judge.rank}") from exc
             raise CandidateFailure("error", f"the {self.label} on rank {self.judge.rank} broke the protocol: {exc}") from exc
 
+    def first_message(self, deadline: float, abort: Any = None) -> dict[str, Any]:
+        """The runner's first word (its process group is up), or ChannelError: not in time, it
+        exited, or ``abort()`` said another rank's runner failed."""
+        while True:
+            left = deadline - _monotonic()
+            if left <= 0:
+                raise channel.ChannelError("no answer before the deadline")
+            if select.select([self.from_runner], [], [], min(0.2, left))[0]:
+                return channel.receive(self.from_runner, deadline)
+            if self.proc.poll() is not None:
+                raise channel.ChannelError("the runner exited")
+            if abort is not None and abort():
+                raise channel.ChannelError("stopped: another rank's runner failed")
+
     def _exited(self, code: int) -> str:
         """The sentence for a runner that died: the limit it passed, or its exit code and the last
         thing it said."""
@@ -555,9 +569,14 @@ class Rank:
             if label == "candidate":
                 self.guarded = runners[-1]
         failure = None
+        # A runner that dies while its group forms leaves its peers waiting in the rendezvous: its
+        # judge says so at once (the abort key) and the other judges stop waiting on theirs.
+        abort = self._aborted(self.item) if self.item is not None else None
         for runner in runners:
             try:
-                reply = channel.receive(runner.from_runner, deadline)  # sent once its process group is up
+                if failure is not None:
+                    raise channel.ChannelError("stopped: another runner of this rank failed")
+                reply = runner.first_message(deadline, abort)  # sent once its process group is up
                 if not reply.get("ok"):
                     failure = failure or ("error", str(reply.get("error"))[:2000])
                 elif reply.get("sandbox_note"):
@@ -567,15 +586,20 @@ class Rank:
                     self.runner_note = note
             except channel.ChannelError as exc:
                 code = runner.proc.poll()
-                if code is None:  # not up in time: the harness's start-up, not the candidate's doing
+                if str(exc).startswith("stopped:"):
+                    failure = failure or ("error", f"{exc}"[:300])
+                elif code is None:  # not up in time: the harness's start-up, not the candidate's doing
                     failure = failure or ("error", f"{RANKS_DID_NOT_START}: the ranks' start-up took longer than its "
                                                    f"timeout ({float(self.request.timeout_s):g} s); the {runner.label}'s "
                                                    f"process on rank {self.rank} was not up in time")
                 else:
                     failure = failure or ("error", f"the {runner.label}'s process on rank {self.rank} did not start "
                                                    f"(exit code {code}): {runner.output.last_lines(3) or exc}")
-        failures = [f for f in self.agree(failure) if f]
+        if failure is not None and not failure[1].startswith("stopped:"):
+            self._signal_abort(self.current_item)
+        failures = sorted((f for f in self.agree(failure) if f), key=_failure_order)
         if failures:
+            self._abort_epoch += 1
             for runner in runners:
                 runner.close()
             raise CandidateFailure(*failures[0])
