@@ -44,7 +44,10 @@ def census(db: Path) -> dict[str, int]:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
-                    threads += int(f.read().rsplit(") ", 1)[1].split()[17])
+                    fields = f.read().rsplit(") ", 1)[1].split()
+                if entry == "2" or fields[1] == "2":
+                    continue  # kernel threads (kworkers come and go by themselves)
+                threads += int(fields[17])
                 processes += 1
             except (OSError, IndexError, ValueError):
                 continue
