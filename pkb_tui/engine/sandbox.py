@@ -158,7 +158,6 @@ def runner_writable(scratch_dir: Path, jit_dir: Path, device_type: str, pid: int
     On a GPU also /dev (device files, NCCL's shared memory), /proc (the CUDA driver writes there
     as it starts) and the MPS folders, until the files CUDA needs are probed on a GPU box. Not the
     batch folder (events, logs, other runs), not /tmp or /var/tmp, not the project or the database."""
-    jit_dir.mkdir(parents=True, exist_ok=True)
     if device_type != "cuda":
         own = Path(f"/proc/{pid if pid is not None else os.getpid()}")
         return [Path(scratch_dir), jit_dir, Path("/dev/null"), Path("/dev/zero"), Path("/dev/full"), own]

@@ -137,7 +137,6 @@ class RunnerProcess:
 
     def __init__(self, judge: Rank, label: str, port: int, log_path: Path) -> None:
         self.judge, self.label = judge, label
-        self.log_path = log_path
         to_runner_r, self.to_runner = os.pipe()
         self.from_runner, from_runner_w = os.pipe()
         self.arena = channel.Arena(judge.device, 1 << 20 if judge.device.type == "cuda" else 64 * 2**20)
@@ -319,6 +318,7 @@ class Rank:
         self.guarded: RunnerProcess | None = None  # this item's candidate runner, watched by _guard
         self.runners: set[RunnerProcess] = set()  # every live runner (the guard counts none of the others)
         self.spawning = 0  # a runner being forked is nobody's yet: the guard waits
+        self.timing_block = False  # a timed block is running: the guard waits (once more before the verdict)
         self._first_item = True
         self._abort_epoch = 0
         self._flush: torch.Tensor | None = None
@@ -364,7 +364,7 @@ class Rank:
         while True:
             time.sleep(limits.GUARD_INTERVAL_S)
             runner = self.guarded
-            if runner is not None:
+            if runner is not None and not self.timing_block:  # a block's clock is not ours to disturb
                 try:
                     self._enforce_limits(runner)
                 except OSError:
@@ -777,6 +777,7 @@ class Rank:
         if failure is None:
             if counters is not None:
                 counters.start()
+            self.timing_block = timed  # the guard keeps off the GIL while a block is timed
             t0 = _perf_counter_ns()
             try:
                 reply = runner.request({"op": "run", "how": how, "check": check, "poison": poison}, deadline, abort,
@@ -787,6 +788,7 @@ class Rank:
             except CandidateFailure as exc:
                 failure = exc
                 self._signal_abort(self.current_item)
+            self.timing_block = False
             if counters is not None:
                 counters.tick()
         graph_error = str(reply["graph_error"])[:300] if reply.get("graph_error") else None
