@@ -104,7 +104,7 @@ def part_adversarial(out: Path, report: dict, configs: list[tuple[str, int]]) ->
     for mode, world in configs:
         models = ",".join([*(str(ROOT / "tests" / "fixtures" / "adversarial" / a) for a in ATTACKS), "torch-p2p"])
         common = ["--task", "all_reduce", "--world-size", str(world), "--mode", mode, "--size", "small",
-                  "--trials", "2", "--timeout", "90"]
+                  "--trials", "2", "--timeout", "90", "--no-profile"]
         doc, events = cli(out, f"adv_{mode}_{world}", [*common, "--model", models], timeout_s=560)
         alone, alone_events = cli(out, f"adv_alone_{mode}_{world}", [*common, "--model", "torch-p2p"])
         alone_base = figure(alone_events, 0, "baseline", "eager")
