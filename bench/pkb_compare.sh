@@ -35,7 +35,7 @@ echo "=== problems: ${STEMS[*]}"
 echo "=== pkb-tui: one launch, ${#STEMS[@]} problems x $TRIALS trials, $MODE ws 1, size $SIZE (default: 1024x1024 bf16)"
 t0=$SECONDS
 timeout ${PKB_TUI_TIMEOUT:-1800} $PY -m pkb_tui.cli --db "$OUT/pkb_runs.db" run --pkb-root "$CLONE" --task "pkb/$RANGE" \
-  --model "$CAND" --backend triton --world-size 1 --mode "$MODE" --size "$SIZE" --trials "$TRIALS" --json \
+  --model "$CAND" --backend triton --world-size 1 --mode "$MODE" --size "$SIZE" --trials "$TRIALS" ${PKB_TUI_ARGS:-} --json \
   >"$OUT/pkb_tui.json" 2>"$OUT/pkb_tui.err"
 rc=$?
 PKB_TUI_S=$((SECONDS - t0))
