@@ -49,11 +49,13 @@ try:
     step = "cupy"; import cupy
     k = cupy.RawKernel('extern "C" __global__ void k(float* a) {{ a[threadIdx.x] += {salt}.0f; }}', "k")
     a = cupy.zeros(32, dtype=cupy.float32); k((1,), (32,), (a,)); assert float(a.sum()) == 32 * {salt}
-    step = "triton"; import triton, triton.language as tl
-    @triton.jit
-    def add(p, n: tl.constexpr):
-        i = tl.arange(0, n); tl.store(p + i, tl.load(p + i) + {salt})
-    t = torch.zeros(64, device="cuda"); add[(1,)](t, 64); torch.cuda.synchronize(); assert float(t.sum()) == 64 * {salt}
+    step = "triton"; import importlib.util
+    source = scratch / "probe_triton.py"  # triton.jit wants its source in a file
+    source.write_text("import triton, triton.language as tl\n@triton.jit\ndef add(p, n: tl.constexpr):\n"
+                      "    i = tl.arange(0, n); tl.store(p + i, tl.load(p + i) + {salt})\n")
+    spec = importlib.util.spec_from_file_location("probe_triton", source); mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = torch.zeros(64, device="cuda"); mod.add[(1,)](t, 64); torch.cuda.synchronize(); assert float(t.sum()) == 64 * {salt}
     leaks = [name for name, path in (("/dev/shm", "/dev/shm/pkb-probe"), ("/proc/1/oom_score_adj", "/proc/1/oom_score_adj"),
              ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/core_pattern")) if writable(path)]
     print("ok" + (f"; still writable: {{', '.join(leaks)}}" if leaks else "; /dev/shm, /proc/1, /proc/sys refused")

@@ -8,6 +8,7 @@ be equal. Also here: the checks around the call (poisoning freed memory, aliasin
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -198,6 +199,31 @@ def _judge(candidate: Any, expected: Any, truth: Any, lookup: Callable[[str], Ou
     return compare_outputs(candidate, expected, Tolerance(0.0, 0.0), where)
 
 
+# The typical (median) relative error is taken over at most this many elements, drawn at random
+# with a secret generator: a sort of every element of a block of 512 stacked outputs cost seconds
+# per block on the judge (measured), and the median of 2M random elements is within ~0.1
+# percentile of the whole's. The largest error is still taken over every element.
+MEDIAN_SAMPLE = 1 << 21
+_SAMPLERS: dict[str, torch.Generator] = {}
+
+
+def _median(values: torch.Tensor, index: torch.Tensor | None) -> float:
+    return float((values if index is None else values.reshape(-1)[index]).median().item())
+
+
+def _sample_index(numel: int, device: torch.device) -> torch.Tensor | None:
+    """Secret random positions for the median (None: use every element). The judge's own
+    generator, seeded from the OS: a candidate process can neither read nor predict it."""
+    if numel <= MEDIAN_SAMPLE:
+        return None
+    key = str(device)
+    gen = _SAMPLERS.get(key)
+    if gen is None:
+        gen = _SAMPLERS[key] = torch.Generator(device=device)
+        gen.manual_seed(int.from_bytes(os.urandom(8), "little") & 0x7FFF_FFFF_FFFF_FFFF)
+    return torch.randint(0, numel, (MEDIAN_SAMPLE,), generator=gen, device=device)
+
+
 def _as_real(t: torch.Tensor) -> torch.Tensor:
     """float64 values; a complex tensor as (..., 2) real and imaginary parts, so both count."""
     t = t.detach()
@@ -240,8 +266,9 @@ def _judge_tensor(candidate: torch.Tensor, expected: torch.Tensor, truth: torch.
     eps = torch.finfo(expected.dtype).eps
     tau = max(1e-3 * float(true.square().mean().sqrt().item()), torch.finfo(torch.float64).tiny)
     rel_cand = err_cand / (magnitude + tau)
-    typical_cand = float(rel_cand.median().item())
-    typical_base = float((err_base / (magnitude + tau)).median().item())
+    index = _sample_index(true.numel(), true.device)
+    typical_cand = _median(rel_cand, index)
+    typical_base = _median(err_base / (magnitude + tau), index)
     worst_cand = float(err_cand.max().item())
     worst_base = float(err_base.max().item())
     # The median of a few elements is as noisy as one element (a loss, a norm): the full floor
@@ -333,7 +360,10 @@ def pkb_allclose(candidate: Any, reference: Any, atol: float, rtol: float) -> bo
     if isinstance(reference, torch.Tensor):
         if not isinstance(candidate, torch.Tensor) or candidate.shape != reference.shape:
             return False
-        return bool(torch.allclose(candidate.detach().float().cpu(), reference.detach().float().cpu(), atol=atol, rtol=rtol))
+        # Where the tensors are (not copied to the host: element-wise, so the same answer, and a
+        # block of 512 timed outputs on the GPU took seconds through the host, measured on the H200).
+        ref = reference.detach().float()
+        return bool(torch.allclose(candidate.detach().to(ref.device).float(), ref, atol=atol, rtol=rtol))
     if isinstance(reference, (tuple, list)):
         return isinstance(candidate, (tuple, list)) and len(candidate) == len(reference) and all(
             pkb_allclose(c, r, atol, rtol) for c, r in zip(candidate, reference))

@@ -1,25 +1,23 @@
 """Where a rank process may write: Linux Landlock, unprivileged, applied by each rank to itself
 before any candidate is imported.
 
-Candidates are untrusted code. Reading and executing stay open (they need torch, CUDA, their own
-folder); creating, writing, truncating, renaming or removing files is allowed only beneath the
-folders a run needs: the batch folder (scratch dir, rank logs, traces, events), the system's temp
-folders, /dev (CUDA device files, NCCL's shared memory), /proc (the CUDA driver writes there as
-it starts), the MPS pipe folder, and the JIT caches
-of CUDA, CuPy, Triton and torch under the home folder. Everything else — the project (tasks/,
-pkb_tui/, solutions/), the database, the rest of the home folder — cannot be changed by a rank.
+Candidates are untrusted code and run in runner processes of their own (engine.runner); a runner
+may create, write, truncate, rename or remove files only beneath ``runner_writable``: its scratch
+folder, its model's JIT caches, a few device files and its own /proc entry. Reading and executing
+stay open (they need torch, CUDA, their own folder). The judges (trusted, engine.worker) write
+beneath ``default_writable``: the batch folder, temp folders, /dev, /proc, MPS and the JIT caches'
+root. Everything else — the project (tasks/, pkb_tui/, solutions/), the database, the rest of the
+home folder — cannot be changed by a rank.
 
 ``restrict_writes`` returns None when the rule is in force, else one sentence saying why not
 (a kernel without Landlock, seccomp refusing the calls); the run then says so in its notes.
 Files opened before the call stay writable, as Landlock intends.
-
-Not covered: the batch folder itself is writable, so a rank could still append to the events file
-rank 0 writes; that is the next step (pre-opened files and a read-only batch folder).
 """
 
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import stat
 from pathlib import Path
@@ -151,18 +149,26 @@ def restrict_writes(writable: Iterable[str | Path], *, scope_signals: bool = Fal
     return None
 
 
-def runner_writable(scratch_dir: Path, jit_dir: Path, device_type: str, pid: int | None = None) -> list[Path]:
+def runner_writable(scratch_dir: Path, jit_dir: Path, device_type: str, pid: int | None = None, *,
+                    nccl_peers: bool = False) -> list[Path]:
     """Where a runner (the process that imports candidate code) may write: its own scratch folder
-    (TMPDIR points there) and its model's own JIT caches (jit_env), nothing shared with another
-    model. On CPU, of /dev only the null, zero and full devices and of /proc only its own entry.
-    On a GPU also /dev (device files, NCCL's shared memory), /proc (the CUDA driver writes there
-    as it starts) and the MPS folders, until the files CUDA needs are probed on a GPU box. Not the
-    batch folder (events, logs, other runs), not /tmp or /var/tmp, not the project or the database."""
+    (TMPDIR points there), its model's own JIT caches (jit_env), the null, zero and full devices
+    and its own /proc entry; nothing shared with another model. Not the batch folder (events,
+    logs, other runs), not /tmp or /var/tmp, not the project or the database, not /proc/sys or
+    another process's /proc entry.
+
+    On a GPU also the NVIDIA device files and the MPS folders: measured on the H200 by
+    bench/sandbox_cuda_probe.py, CUDA's start, NCCL at one rank, a CuPy and a Triton kernel
+    compiled into the JIT cache all work with exactly this set (not /dev/shm, not the rest of
+    /proc). ``nccl_peers`` (NCCL between several ranks): /dev/shm too, where NCCL's intra-node
+    transports keep their shared segments (not probed yet on a box of several GPUs)."""
+    own = Path(f"/proc/{pid if pid is not None else os.getpid()}")
+    folders = [Path(scratch_dir), jit_dir, Path("/dev/null"), Path("/dev/zero"), Path("/dev/full"), own]
     if device_type != "cuda":
-        own = Path(f"/proc/{pid if pid is not None else os.getpid()}")
-        return [Path(scratch_dir), jit_dir, Path("/dev/null"), Path("/dev/zero"), Path("/dev/full"), own]
+        return folders
+    devices = sorted(Path(p) for pattern in ("/dev/nvidia*", "/dev/dri/*") for p in glob.glob(pattern))
     mps = [Path(os.environ[e]) for e in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY") if os.environ.get(e)]
-    return [Path(scratch_dir), jit_dir, Path("/dev"), Path("/proc"), *mps]
+    return [*folders, *devices, *mps, *([Path("/dev/shm")] if nccl_peers else [])]
 
 
 def jit_cache_dir(model_key: str) -> Path:

@@ -89,6 +89,7 @@ _PRIVATE_ENV = ("PKB_EVENT_KEY", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN
 LAUNCHER_STOPPED_LIMIT_S = 30.0  # a launcher stopped this long is taken for gone (a candidate's SIGSTOP)
 
 TIMED_SAMPLE = 8  # timed calls per block also judged one by one (a secret sample)
+STACK_ELEMENTS = 1 << 25  # timed outputs judged together at most (engine.compare holds float64 copies)
 
 
 class Rule:
@@ -861,25 +862,7 @@ class Rank:
 
     def _check_timed(self, outputs: list[Any], expected: list[Any], truths: list[Any], rule: Rule,
                      round_index: int) -> str | None:
-        """Every timed call's outputs against its own expected values; None when all are right.
-        Calls whose outputs have one shape are judged in one stacked comparison (the largest error
-        of any call counts), and a secret sample of calls one by one as well (the typical error of
-        each call counts too)."""
-        stacked_out, stacked_expected, stacked_truth = _stack(outputs), _stack(expected), _stack(truths)
-        if stacked_out is not None and stacked_expected is not None and stacked_truth is not None:
-            cmp = rule.judge(stacked_out, stacked_expected, stacked_truth, "timed outputs")
-            if cmp.correct:
-                sample = self._sampler.sample(range(len(outputs)), min(TIMED_SAMPLE, len(outputs)))
-                for k in sorted(sample):
-                    cmp = rule.judge(outputs[k], expected[k], truths[k], f"timed call {k} of round {round_index}")
-                    if not cmp.correct:
-                        return cmp.message or "a timed output was wrong"
-                return None
-        for k, (out, exp, truth) in enumerate(zip(outputs, expected, truths)):
-            cmp = rule.judge(out, exp, truth, f"timed call {k} of round {round_index}")
-            if not cmp.correct:
-                return cmp.message or "a timed output was wrong"
-        return None
+        return check_timed(outputs, expected, truths, rule, round_index, self._sampler)
 
     def _report_trial(self, item: RunItem, trial: int, cmp: Comparison) -> bool:
         per_rank = self.gather({
@@ -1178,6 +1161,44 @@ class Rank:
             l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 50 * 2**20)
             self._flush = torch.empty(2 * l2, dtype=torch.uint8, device=self.device)
         self._flush.fill_(0)
+
+
+def check_timed(outputs: list[Any], expected: list[Any], truths: list[Any], rule: Rule, round_index: int,
+                sampler: random.Random) -> str | None:
+    """Every timed call's outputs against its own expected values; None when all are right.
+    Calls whose outputs have one shape are judged in one stacked comparison (the largest error
+    of any call counts), and a secret sample of calls one by one as well (the typical error of
+    each call counts too)."""
+
+    def one_by_one(calls: range) -> str | None:
+        for k in calls:
+            cmp = rule.judge(outputs[k], expected[k], truths[k], f"timed call {k} of round {round_index}")
+            if not cmp.correct:
+                return cmp.message or "a timed output was wrong"
+        return None
+
+    # Stacked a chunk of calls at a time: the comparison holds several float64 copies of what it
+    # judges. A chunk that fails is judged call by call (the first wrong call's message; the stack
+    # is only a quicker first look, so a chunk whose calls are each right passes).
+    elements = sum(t.numel() for t in tensors_in(expected[0])) if expected else 0
+    chunk = max(1, STACK_ELEMENTS // max(1, elements))
+    for first in range(0, len(outputs), chunk):
+        calls = range(first, min(len(outputs), first + chunk))
+        out, exp, truth = _stack(outputs[first:calls.stop]), _stack(expected[first:calls.stop]), _stack(truths[first:calls.stop])
+        if out is None or exp is None or truth is None:
+            return one_by_one(range(len(outputs)))  # outputs of several shapes: every call on its own
+        stacked_ok = rule.judge(out, exp, truth, "timed outputs").correct
+        del out, exp, truth
+        if not stacked_ok:
+            wrong = one_by_one(calls)
+            if wrong:
+                return wrong
+    # The typical error of each call counts too: a secret sample of calls, one by one.
+    for k in sorted(sampler.sample(range(len(outputs)), min(TIMED_SAMPLE, len(outputs)))):
+        wrong = one_by_one(range(k, k + 1))
+        if wrong:
+            return wrong
+    return None
 
 
 def _build_output(spec: Any, arena: torch.Tensor, leaves: list[Any] | None) -> Any:

@@ -1,0 +1,60 @@
+"""The judge's check of timed outputs (engine.worker.check_timed) and the sampled median of the
+per-output rule (engine.compare): chunked stacks, a wrong call found in any chunk, outputs of
+several shapes, and a typical error still caught when the median is taken over a sample."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from pkb_tui.engine import compare, worker
+from tasks.base import load_task
+
+
+def _calls(n: int, elements: int, seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    truths = [torch.randn(elements, generator=gen, dtype=torch.float64) for _ in range(n)]
+    expected = [t.to(torch.bfloat16) for t in truths]
+    return [e.clone() for e in expected], expected, truths
+
+
+def test_a_wrong_call_is_found_in_a_later_chunk(monkeypatch) -> None:
+    monkeypatch.setattr(worker, "STACK_ELEMENTS", 100)  # 2 calls of 50 elements a chunk
+    monkeypatch.setattr(worker, "TIMED_SAMPLE", 0)  # the chunks alone must find it
+    outputs, expected, truths = _calls(10, 50)
+    outputs[7] = outputs[7] + 1.0
+    rule = worker.Rule(load_task("all_reduce"))
+    message = worker.check_timed(outputs, expected, truths, rule, 3, random.Random(1))
+    assert message is not None and "timed call 7 of round 3" in message, message
+
+
+def test_right_calls_pass_in_chunks(monkeypatch) -> None:
+    monkeypatch.setattr(worker, "STACK_ELEMENTS", 100)
+    outputs, expected, truths = _calls(9, 50)
+    assert worker.check_timed(outputs, expected, truths, worker.Rule(load_task("all_reduce")), 0, random.Random(1)) is None
+
+
+def test_outputs_of_several_shapes_are_judged_one_by_one() -> None:
+    outputs, expected, truths = _calls(4, 64)
+    small_out, small_exp, small_truth = _calls(1, 8, seed=5)
+    outputs[2], expected[2], truths[2] = small_out[0] * 0, small_exp[0], small_truth[0]  # wrong, and another shape
+    message = worker.check_timed(outputs, expected, truths, worker.Rule(load_task("all_reduce")), 1, random.Random(1))
+    assert message is not None and "timed call 2" in message, message
+
+
+def test_a_typical_error_is_caught_when_the_median_is_sampled(monkeypatch) -> None:
+    monkeypatch.setattr(compare, "MEDIAN_SAMPLE", 4096)
+    truth = torch.randn(200_000, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    expected = truth.to(torch.bfloat16)
+    assert compare._sample_index(200_000, truth.device) is not None
+    assert compare._sample_index(4096, truth.device) is None
+    tolerance = load_task("all_reduce").spec.output_tolerance
+    honest = compare.judge_outputs(expected.clone(), expected, truth, tolerance, "out")
+    assert honest.correct, honest.message
+    # int8 transport, one scale per 32 elements: every element a little wrong (the median's case)
+    blocks = truth.to(torch.float32).reshape(-1, 32)
+    scale = blocks.abs().amax(dim=1, keepdim=True) / 127
+    lossy = ((blocks / scale).round().clamp(-127, 127) * scale).reshape(-1).to(torch.bfloat16)
+    verdict = compare.judge_outputs(lossy, expected, truth, tolerance, "out")
+    assert not verdict.correct and "typical" in (verdict.message or ""), verdict.message
