@@ -12,6 +12,8 @@ Parts (each one or two CLI launches; the figures come from the batches' own even
                median by its length within max(1 us, 3%). A clone-only candidate and the small
                all_reduce baseline against their profiled kernel time (within 2 us).
   selfcheck    every task's baseline against itself, nccl x1 default: how many medians within 3%.
+  faults       GPU faults in candidates (tests/fixtures/gpu-faults) and an honest model after them;
+               the GPU's memory and compute processes before and after.
 Prints tables; writes DIR/judge_check.json.
 """
 
@@ -121,6 +123,41 @@ def part_adversarial(out: Path, report: dict, configs: list[tuple[str, int]]) ->
         a = f"{row['baseline_alone_us']:.1f}" if row["baseline_alone_us"] else "-"
         print(f"  {row['mode']:10s} {row['world']:>2d} {row['case']:20s} {str(row['verdict']):8s} {sp:>8s} {b:>9s} {a:>9s}")
     report["adversarial"] = table
+
+
+FAULTS = ["illegal-address", "device-assert", "endless-kernel", "gpu-oom"]
+
+
+def _gpu_state() -> dict[str, Any]:
+    """Memory used on each GPU and the compute processes on them (nvidia-smi), for before/after."""
+    def query(what: str) -> list[str]:
+        try:
+            out = subprocess.run(["nvidia-smi", f"--query-{what}", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return [f"nvidia-smi failed: {exc}"]
+        return [line.strip() for line in out.splitlines() if line.strip()]
+    return {"memory_used_mib": query("gpu=index,memory.used"), "compute_apps": query("compute-apps=pid,used_memory")}
+
+
+def part_faults(out: Path, report: dict) -> None:
+    """GPU faults in candidates (issue 13, item 5): each ends its own run with its own verdict,
+    the honest model after them passes, and nothing is left on the GPU."""
+    before = _gpu_state()
+    models = ",".join([*(str(ROOT / "tests" / "fixtures" / "gpu-faults" / f) for f in FAULTS), "torch-p2p"])
+    doc, events = cli(out, "faults", ["--task", "all_reduce", "--model", models, "--world-size", "1", "--mode", "nccl",
+                                      "--size", "small", "--trials", "2", "--timeout", os.environ.get("FAULT_TIMEOUT", "60"),
+                                      "--no-profile"], timeout_s=500)
+    time.sleep(2)
+    after = _gpu_state()
+    rows = []
+    for model, run in runs_by_model(doc).items():
+        rows.append({"case": Path(model).name, "verdict": run.get("status"), "detail": (run.get("status_detail") or "")[:160],
+                     "ok": run.get("status") == "passed" if Path(model).name == "torch-p2p" else run.get("status") != "passed"})
+    for row in rows:
+        print("  ", json.dumps(row))
+    print(f"  GPU before: {before}\n  GPU after:  {after}")
+    report["faults"] = {"rows": rows, "gpu_before": before, "gpu_after": after}
 
 
 def calibrate_spin() -> tuple[float, dict[int, float]]:
@@ -272,6 +309,8 @@ def main() -> int:
                 part_spin(out, report)
             elif part == "selfcheck":
                 part_selfcheck(out, report)
+            elif part == "faults":
+                part_faults(out, report)
         except Exception as exc:  # noqa: BLE001 - one part failing must not hide the others' figures
             print(f"  part {part} failed: {type(exc).__name__}: {exc}")
             report[part] = {"error": str(exc)}

@@ -589,6 +589,9 @@ class Rank:
                 code = runner.proc.poll()
                 if str(exc).startswith("stopped:"):
                     failure = failure or ("error", f"{exc}"[:300])
+                elif code is None and _monotonic() < deadline:  # its pipe broke (killed from outside, say)
+                    failure = failure or ("error", f"the {runner.label}'s process on rank {self.rank} stopped "
+                                                   f"answering while it started: {exc}"[:300])
                 elif code is None:  # not up in time: the harness's start-up, not the candidate's doing
                     failure = failure or ("error", f"{RANKS_DID_NOT_START}: the ranks' start-up took longer than its "
                                                    f"timeout ({float(self.request.timeout_s):g} s); the {runner.label}'s "
