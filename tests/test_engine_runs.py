@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -228,3 +229,17 @@ def test_a_candidate_cannot_write_outside_the_runs_folders(cli, tmp_db: Path, mo
         assert not (Path(run["log_path"]).parent / "scratch").exists()
     finally:
         target.unlink(missing_ok=True)
+
+
+def test_the_candidates_profiler_trace_reaches_the_batch_folder(cli, tmp_db: Path) -> None:
+    # The runner may write only in its scratch folder: it writes the trace there, the judge copies
+    # it out (a regular file, not through a link) before the scratch folder goes.
+    result = cli("run", "--task", "all_reduce", "--model", "torch-p2p", "--world-size", "2", "--mode", "cpu",
+                 "--trials", "1", "--iterations", "4", "--warmup", "1", "--json")
+    assert result.code == 0, result.err
+    run = result.json()["runs"][0]
+    trace = Path(run["trace_path"])
+    assert trace.is_file() and trace.parent.parent == tmp_db.parent / "pkb-runs", trace
+    assert "traceEvents" in json.loads(trace.read_text())
+    log = "\n".join(p.read_text(errors="replace") for p in trace.parent.glob("item000.rank0.candidate.log"))
+    assert "Permission denied" not in log, log

@@ -26,6 +26,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -89,6 +90,7 @@ _PRIVATE_ENV = ("PKB_EVENT_KEY", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN
 LAUNCHER_STOPPED_LIMIT_S = 30.0  # a launcher stopped this long is taken for gone (a candidate's SIGSTOP)
 
 TIMED_SAMPLE = 8  # timed calls per block also judged one by one (a secret sample)
+TRACE_MAX_BYTES = 256 * 2**20  # a profiler trace larger than this stays in the runner's scratch (and goes with it)
 STACK_ELEMENTS = 1 << 25  # timed outputs judged together at most (engine.compare holds float64 copies)
 
 
@@ -1130,13 +1132,19 @@ class Rank:
             if runner is None:
                 continue
             self.emit(ev.Progress(item=item.index, phase="profile", variant=variant))
+            # The runner writes its trace in its own scratch folder (all its sandbox lets it write);
+            # the judge copies it into the batch folder.
             trace = str(self.log_dir / f"item{item.index:03d}.{variant}.rank{self.rank}.trace.json") if self.rank == 0 else None
+            written = runner.scratch / "profile.trace.json"
             rows: list[dict[str, Any]] = []
             error = None
             try:
-                reply = runner.request({"op": "profile", "iterations": 3, "trace_path": trace}, deadline, abort)
+                reply = runner.request({"op": "profile", "iterations": 3, "trace_path": str(written) if trace else None},
+                                       deadline, abort)
                 _expect_ok(reply, variant)
                 rows = _clean_rows(reply.get("rows"))
+                if trace is not None and not _copy_regular_file(written, Path(trace), TRACE_MAX_BYTES):
+                    trace = None
             except CandidateFailure as exc:
                 error = f"profiler failed on rank {self.rank}: {exc.message}"
             if error:
@@ -1202,6 +1210,26 @@ def check_timed(outputs: list[Any], expected: list[Any], truths: list[Any], rule
         if wrong:
             return wrong
     return None
+
+
+def _copy_regular_file(source: Path, target: Path, max_bytes: int) -> bool:
+    """Copy a file a runner wrote (in its scratch folder) to ``target``: only a regular file, not
+    through a link (O_NOFOLLOW), at most ``max_bytes``. False when there is none or it is refused."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return False
+        with os.fdopen(os.dup(fd), "rb") as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _build_output(spec: Any, arena: torch.Tensor, leaves: list[Any] | None) -> Any:
