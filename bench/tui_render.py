@@ -297,12 +297,16 @@ async def bench_monitor(repeat: int) -> None:
     from pkb_tui.app.widgets.gpu_history import WINDOWS_S, RateHistory
     from pkb_tui.app.widgets.monitor_views import LinesView
 
-    telemetry = _MonitorTelemetry(full_ring(8, 18), 8, 18)
     for size in ((200, 50), (80, 24)):
+        # The ring fills after the app has started (and frozen its start-up objects), as it does
+        # in use: its samples stay in the collector's full passes.
+        telemetry = _MonitorTelemetry(RingBuffer(), 8, 18)
         with tempfile.TemporaryDirectory() as tmp:
-            app = PkbApp(config=AppConfig(db_path=Path(tmp) / "runs.db", catalog=Catalog, telemetry=lambda db: telemetry,
-                                          live_refresh_s=3600))  # frames driven by hand below
+            app = PkbApp(config=AppConfig(db_path=Path(tmp) / "runs.db", catalog=Catalog, telemetry=lambda db, t=telemetry: t,
+                                          live_refresh_s=3600, freeze_startup=True))  # frames driven by hand below
             async with app.run_test(size=size) as pilot:
+                await pilot.pause()
+                telemetry.grow(telemetry.ring.capacity // 9)  # 8 GPUs and the host row per tick: a full ring
                 await pilot.press("m")
                 await app.workers.wait_for_complete()
                 await pilot.pause()

@@ -127,7 +127,7 @@ class HostSampler:
         return [GpuSample(
             ts=time.time(), gpu=-1, cpu_pct=cpu_pct, host_memory_used_bytes=self._memory_used(now),
             loopback_bytes_per_s=loopback,
-            ranks=[RankCpu(rank, pid, process_cpu_pct[pid]) for rank, pid in enumerate(self.pids)],
+            ranks=tuple(RankCpu(rank, pid, process_cpu_pct[pid]) for rank, pid in enumerate(self.pids)),
         )]
 
     def close(self) -> None:

@@ -82,6 +82,8 @@ def render_table(latest: dict[int, GpuSample], names: dict[int, str], header: st
 
 def sample_record(sample: GpuSample) -> dict[str, Any]:
     record = {"kind": "sample", **dataclasses.asdict(sample)}
+    record["links"] = [link._asdict() for link in sample.links]  # named tuples: as objects, as before
+    record["ranks"] = [rank._asdict() for rank in sample.ranks]
     return record
 
 

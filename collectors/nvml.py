@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.sample import GpuSample, LinkSample
+from collectors.sample import GpuSample, LinkRates, LinkSample
 
 # NVML ABI numbers (nvml.h). They are stable across driver releases; tests check them against the
 # installed pynvml. Kept here so an injected NVML needs only the functions.
@@ -701,7 +701,7 @@ class NvmlSampler:
             if not gpu.nvlink_counters and gpm.links:
                 out.nvlink_tx_bytes_per_s = values.nvlink_tx_bytes_per_s
                 out.nvlink_rx_bytes_per_s = values.nvlink_rx_bytes_per_s
-                out.links = [LinkSample(link, tx, rx) for link, (tx, rx) in sorted(values.links.items())]
+                out.links = LinkRates(LinkSample(link, tx, rx) for link, (tx, rx) in sorted(values.links.items()))
             if values.pcie_tx_bytes_per_s is not None or values.pcie_rx_bytes_per_s is not None:
                 out.pcie_tx_bytes_per_s = values.pcie_tx_bytes_per_s
                 out.pcie_rx_bytes_per_s = values.pcie_rx_bytes_per_s

@@ -6,18 +6,26 @@ Field names match the samples / link_samples / rank_samples columns of pkb_tui/s
 
 from __future__ import annotations
 
+import math
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple, overload
+
+# Memory and the garbage collector: the dashboard's ring holds 36,000 samples, each with up to 18
+# links. With a dataclass per link that was ~700,000 objects that every full pass of Python's
+# collector walked: pauses of 100-280 ms, one Monitor frame in ~fifty (bench/tui_render.py on the
+# 2-core box). A sample's links are packed in one array (LinkRates),
+# and a sample has slots.
 
 
-@dataclass
-class LinkSample:
+class LinkSample(NamedTuple):
     link: int
     tx_bytes_per_s: float | None = None
     rx_bytes_per_s: float | None = None
 
 
-@dataclass
-class RankCpu:
+class RankCpu(NamedTuple):
     """CPU use of one rank process (100 = one full core, as top shows it)."""
 
     rank: int
@@ -25,7 +33,63 @@ class RankCpu:
     cpu_pct: float | None = None
 
 
-@dataclass
+class LinkRates(Sequence[LinkSample]):
+    """One sample's per-link rates, packed in one array of (link, tx, rx) triples (None kept as
+    NaN): a sequence of LinkSample to its readers, made on access, and two objects for the
+    garbage collector instead of one per link."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, links: Iterable[LinkSample | tuple[Any, ...]] = ()) -> None:
+        self._data = array("d")
+        for link in links:
+            self.append(link)
+
+    def append(self, link: LinkSample | tuple[Any, ...]) -> None:
+        number, tx, rx = LinkSample(*link)
+        self._data.extend((number, math.nan if tx is None else tx, math.nan if rx is None else rx))
+
+    def __len__(self) -> int:
+        return len(self._data) // 3
+
+    @overload
+    def __getitem__(self, index: int) -> LinkSample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[LinkSample]: ...
+
+    def __getitem__(self, index: int | slice) -> LinkSample | list[LinkSample]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        count = len(self)
+        if not -count <= index < count:
+            raise IndexError("link index out of range")
+        return self._link(3 * (index % count))
+
+    def _link(self, at: int) -> LinkSample:
+        data = self._data
+        tx, rx = data[at + 1], data[at + 2]
+        return LinkSample(int(data[at]), None if math.isnan(tx) else tx, None if math.isnan(rx) else rx)
+
+    def __iter__(self) -> Iterator[LinkSample]:
+        for at in range(0, len(self._data), 3):
+            yield self._link(at)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (LinkRates, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable (append)
+
+    def __repr__(self) -> str:
+        return f"LinkRates({list(self)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return LinkRates, (list(self),)
+
+
+@dataclass(slots=True)
 class GpuSample:
     ts: float  # Unix seconds
     gpu: int  # GPU index; -1 for the host sampler's row
@@ -45,9 +109,13 @@ class GpuSample:
     cpu_pct: float | None = None
     host_memory_used_bytes: float | None = None
     loopback_bytes_per_s: float | None = None
-    links: list[LinkSample] = field(default_factory=list)
+    links: LinkRates = field(default_factory=LinkRates)  # a list of LinkSample is packed on construction
     run_id: int | None = None
-    ranks: list[RankCpu] = field(default_factory=list)  # host rows only: the run's rank processes
+    ranks: Sequence[RankCpu] = ()  # host rows only: the run's rank processes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.links, LinkRates):
+            self.links = LinkRates(self.links)
 
 
 SAMPLE_COLUMNS = (

@@ -31,7 +31,8 @@ def run_app(db_path: Path, runs_dir: Path | None = None, *, prometheus: str | No
     try:
         from pkb_tui.app.config import AppConfig
 
-        app = PkbApp(config=AppConfig(db_path=Path(db_path), runs_dir=runs_dir, prometheus=prometheus))
+        app = PkbApp(config=AppConfig(db_path=Path(db_path), runs_dir=runs_dir, prometheus=prometheus,
+                                      freeze_startup=True))
     except PkbError as exc:
         print(str(exc), file=sys.stderr)
         return exc.exit_code

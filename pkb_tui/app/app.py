@@ -3,6 +3,7 @@ state while another is shown; Result, Compare, Help and the quit question are pu
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -79,6 +80,14 @@ class PkbApp(App[int]):
         self.switch_mode("launch")
         if self.config.prometheus:
             self._serve_metrics(self.config.prometheus)
+        if self.config.freeze_startup:
+            self.call_after_refresh(self._freeze_startup)
+
+    @staticmethod
+    def _freeze_startup() -> None:
+        """Start-up's garbage collected, the rest (alive for the app's life) frozen (AppConfig.freeze_startup)."""
+        gc.collect()
+        gc.freeze()
 
     def live_telemetry(self) -> Any:
         """The sampler running now: the batch's, else the Monitor's (None: neither)."""

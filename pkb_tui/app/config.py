@@ -49,3 +49,7 @@ class AppConfig:
     # What else runs on the box before a batch starts (sentences); None: no check (tests, snapshots).
     contention_check: Callable[[], list[str]] | None = _default_contention_check
     prometheus: str | None = None  # [HOST:]PORT: serve the live metrics (collectors.prometheus) while the app runs
+    # Freeze what start-up made (modules, classes, the screens) out of the garbage collector's full
+    # passes (gc.freeze): fewer and shorter pauses in a dashboard left open all day. Off in tests,
+    # where many apps come and go in one process and frozen ones would never be collected.
+    freeze_startup: bool = False
