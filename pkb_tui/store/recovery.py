@@ -145,8 +145,15 @@ class BatchWriter:
     def _lose(self, reason: str) -> None:
         store, self.store = self.store, None
         if store is not None:
-            # Closed at once: SQLite's closing checkpoint goes into the file it opened, and its WAL
-            # is removed from the path before anything opens a new file there with it.
+            # Our WAL into the file we opened, and the WAL emptied, before anything opens a new file
+            # at the path: SQLite would replay a WAL left there into whatever database is there
+            # then. (Closing alone does not: SQLite skips the closing checkpoint of a moved file.)
+            # Only descriptors of ours are touched, never a file by its name.
+            try:
+                store.conn.execute("PRAGMA busy_timeout = 1000")
+                store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except (sqlite3.Error, PkbError):
+                pass
             try:
                 store.close()
             except sqlite3.Error:
