@@ -1,8 +1,12 @@
-"""runs.db: one writer per process (the launcher; the collectors' sink has its own connection).
+"""runs.db: one writer per process (the launcher; the collectors' sink has its own connection),
+several processes on one file (two batches, the dashboard and a CLI).
 
-WAL mode, so the TUI reads while a run writes. Every write is its own short transaction, so a
-launcher killed at any point (kill -9 included) leaves a readable database; runs it left 'running'
-are marked 'interrupted' the next time any Store opens the file and finds their launcher gone.
+WAL mode, so the TUI reads while a run writes. Every write is its own short BEGIN IMMEDIATE
+transaction, retried where SQLite answers "locked" without waiting (retry_busy), so a launcher
+killed at any point (kill -9 included) leaves a readable database and two writers wait for each
+other instead of failing; runs it left 'running' are marked 'interrupted' the next time any Store
+opens the file and finds their launcher gone. The batches table says which batches run now
+(register_batch, other_live_batches); store/recovery.py keeps a batch's writes when the file goes.
 """
 
 from __future__ import annotations
