@@ -123,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp = sub.add_parser(
         "import", help="load a recovery file (results a batch could not store) into the database",
         description="A batch whose database was deleted, moved, replaced or made read-only while it ran keeps "
-                    "going and writes its results to a recovery file (<database>.recovery-<batch>.jsonl, named "
-                    "when the batch ends; exit code 4). This loads it into a database: the runs, results, trials, "
+                    "going and writes its results to a recovery file next to the database (runs.recovery-<batch>.jsonl "
+                    "for runs.db), named when the batch ends (exit code 4). This loads it into a database: the runs, results, trials, "
                     "kernels and samples a normal batch stores. Runs are matched by their batch and place in it, "
                     "so importing a file twice, or into the database that kept the batch's first rows, adds "
                     "nothing twice.",
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                f"{EXIT_HARNESS} the database could not be written")
     imp.add_argument("file", help="the recovery file (.jsonl)")
     imp.add_argument("--json", action="store_true", help="print what was imported as JSON")
-    imp.add_argument("--db", dest="sub_db", help="database to load it into (default ./runs.db or $PKB_DB)")
+    imp.add_argument("--db", dest="sub_db", metavar="PATH", help="database to load it into (default ./runs.db or $PKB_DB)")
 
     rm = sub.add_parser("rm", help="delete runs with their results, trials, kernels and samples")
     rm.add_argument("run_ids", type=int, nargs="+", metavar="RUN_ID")

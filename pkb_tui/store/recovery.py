@@ -50,6 +50,7 @@ from pkb_tui.store.store import (
 
 RECOVERY_MARK = "pkb-tui"
 RECOVERY_VERSION = 1
+SAMPLES_PER_LINE = 1000
 T = TypeVar("T")
 
 
@@ -288,8 +289,8 @@ class BatchWriter:
             row = dataclasses.asdict(sample)
             row.pop("run_id")
             rows.append({**row, "item": item})
-        if rows:
-            self._write({"op": "samples", "samples": rows}, lambda store: None, lambda: None)
+        for start in range(0, len(rows), SAMPLES_PER_LINE):  # the ring's hour of samples: lines of a few hundred kB
+            self._write({"op": "samples", "samples": rows[start:start + SAMPLES_PER_LINE]}, lambda store: None, lambda: None)
 
     # ---- the batches running now (live state: never kept for recovery)
     def register_batch(self, *, runs: int) -> None:
@@ -393,7 +394,7 @@ class ImportSummary:
 
 def _not_a_recovery_file(path: Path, why: str) -> PkbError:
     return PkbError(f"{path} is not a pkb-tui recovery file ({why}); give the file the batch named when it "
-                    "ended (<database>.recovery-<batch>.jsonl).")
+                    "ended (runs.recovery-<batch>.jsonl for runs.db).")
 
 
 def read_recovery(path: Path | str) -> RecoveredBatch:
