@@ -209,8 +209,7 @@ def test_processes_opening_a_new_database_at_once_all_migrate_it_and_write(tmp_p
     # (switching the new file to WAL) for some of them.
     script = (
         "import sys, time; from pkb_tui.store import Store\n"
-        "start = float(sys.argv[2])\n"
-        "while time.time() < start: pass\n"
+        "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
         "with Store(sys.argv[1]) as s:\n"
         "    for i in range(10):\n"
         "        rid = s.create_run({'batch_id': sys.argv[3], 'task_id': 't', 'model': 'm', 'world_size': 2,"
@@ -221,7 +220,7 @@ def test_processes_opening_a_new_database_at_once_all_migrate_it_and_write(tmp_p
     for round_index in range(3):
         db = tmp_path / f"runs{round_index}.db"
         start = time.time() + 2.0  # every process past its imports, then all at once
-        procs = [subprocess.Popen([sys.executable, "-c", script, str(db), str(start), f"b{k}"], env=env,
+        procs = [subprocess.Popen([sys.executable, "-c", script, str(db), str(start), f"b{k}"], env=env, cwd=tmp_path,
                                   stderr=subprocess.PIPE, text=True) for k in range(4)]
         errors = [p.communicate(timeout=120)[1] for p in procs]
         assert all(p.returncode == 0 for p in procs), errors
