@@ -402,7 +402,8 @@ def _recovered_runs(recovery_path: Path | None, basis: str) -> list[dict[str, An
         return []
     with tempfile.TemporaryDirectory(prefix="pkb-recovered-") as folder, Store(Path(folder) / "runs.db") as store:
         summary = import_recovery(recovery_path, store)
-        return [_run_summary(store.run(run_id, basis=basis)) for run_id in summary.run_ids]
+        # Their ids are the throw-away database's: none until they are imported.
+        return [{**_run_summary(store.run(run_id, basis=basis)), "id": None} for run_id in summary.run_ids]
 
 
 def batch_exit_code(runs: list[dict[str, Any]]) -> int:
@@ -510,7 +511,7 @@ def _print_runs_table(runs: list[dict[str, Any]], out: TextIO) -> None:
         b, c = r.get("baseline") or {}, r.get("candidate") or {}
         trials = f"{c.get('trials_passed') or 0}/{c.get('trials_total') or 0}" if c else "-"
         rows.append((
-            str(r["id"]), r["task"], r["model"], status_label(r["status"]), trials,
+            _run_label(r), r["task"], r["model"], status_label(r["status"]), trials,
             _num(b.get("median_us")), _num(c.get("median_us")),
             _speedup_text(r.get("speedup"), r.get("speedup_low"), r.get("speedup_high"), r.get("within_noise")),
             "cpu: n/a" if r.get("mode") == "cpu" else
@@ -519,22 +520,29 @@ def _print_runs_table(runs: list[dict[str, Any]], out: TextIO) -> None:
     _print_table(header, rows, out)
     for r in runs:
         if r["status"] not in ("passed",) and r.get("status_detail"):
-            out.write(f"run {r['id']} ({r['task']} / {r['model']}): {r['status_detail'].splitlines()[0][:240]}\n")
+            out.write(f"run {_run_label(r)} ({r['task']} / {r['model']}): {r['status_detail'].splitlines()[0][:240]}\n")
         if (c_note := (r.get("candidate") or {}).get("graph_note")) and r.get("mode") != "cpu":
-            out.write(f"run {r['id']} ({r['task']} / {r['model']}): no graph figure: {c_note}\n")
+            out.write(f"run {_run_label(r)} ({r['task']} / {r['model']}): no graph figure: {c_note}\n")
     _cpu_note(runs, out)
     if any(r.get("within_noise") for r in runs):
         out.write("~noise: the speedup's interval reaches into this host's self-check spread (`pkb-tui calibrate`)\n")
+
+
+def _run_label(run: dict[str, Any]) -> str:
+    """A run's id, or "-" for a run that is in no database (its batch's database went away)."""
+    return "-" if run.get("id") is None else str(run["id"])
 
 
 def _cpu_note(runs: list[dict[str, Any]], out: TextIO) -> None:
     """One line naming the cpu-mode runs: their figures are for development, not a measurement."""
     from pkb_tui.engine.modes import CPU_MODE_LABEL
 
-    cpu = [str(r["id"]) for r in runs if r.get("mode") == "cpu"]
-    if cpu:
-        out.write(f"{CPU_MODE_LABEL} (run{'s' if len(cpu) > 1 else ''} {', '.join(cpu)}: gloo on a shared CPU; "
-                  "no roofline or bus bandwidth)\n")
+    cpu = [r for r in runs if r.get("mode") == "cpu"]
+    if not cpu:
+        return
+    ids = [str(r["id"]) for r in cpu if r.get("id") is not None]  # none for runs not stored
+    which = f"run{'s' if len(ids) > 1 else ''} {', '.join(ids)}: " if ids else ""
+    out.write(f"{CPU_MODE_LABEL} ({which}gloo on a shared CPU; no roofline or bus bandwidth)\n")
 
 
 def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:

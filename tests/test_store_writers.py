@@ -294,6 +294,7 @@ def test_a_database_deleted_mid_run_leaves_a_recovery_file_whose_import_gives_th
     assert not db.exists()  # the batch made no new, empty database where the old one was
     table = batch.stdout()
     assert table.count("✓ passed") == 2, table  # the table still shows both runs, read from the file
+    assert re.search(r"^\s*-\s+all_reduce\s+gated\s", table, re.M), table  # no run id: they are in no database yet
 
     imported = tmp_path / "imported.db"
     result = cli("--db", str(imported), "import", str(recovery))

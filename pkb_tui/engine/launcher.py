@@ -99,6 +99,7 @@ class Launcher:
         self.db_path = Path(db_path) if db_path is not None else default_db_path()
         self.runs_dir = Path(runs_dir) if runs_dir is not None else self.db_path.resolve().parent / "pkb-runs"
         self.telemetry: Any = None  # a collectors.telemetry.Telemetry while a batch runs
+        self._ring: Any = None  # its ring of samples, kept to the batch's end (a database lost at the very end)
         self.skipped: list[str] = []
         self.outcome: BatchOutcome | None = None  # the last batch's, also when run() raised (Ctrl-C)
         self._proc: subprocess.Popen | None = None
@@ -172,6 +173,7 @@ class Launcher:
         mode = self._mode = choose_mode(request.world_size, request.mode)
         cancel = cancel or threading.Event()
         load_at_start = os.getloadavg()[0]
+        self._ring = None
         batch_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         batch_dir = self.runs_dir / batch_id
         batch_dir.mkdir(parents=True, exist_ok=True)
@@ -237,10 +239,10 @@ class Launcher:
         """The database is gone (store.recovery): the samples that follow go to the recovery file,
         with those of this batch's runs still in the ring (the database that held them may be gone),
         and whoever watches is told at once."""
-        telemetry = self.telemetry
-        if telemetry is not None:
-            telemetry.replace_sink(RecoverySampleSink(store))
-            store.add_samples(telemetry.ring.snapshot())
+        if self.telemetry is not None:
+            self.telemetry.replace_sink(RecoverySampleSink(store))
+        if self._ring is not None:
+            store.add_samples(self._ring.snapshot())
         if recovery_path is not None:
             message = f"{sentence}; this batch's results now go to {recovery_path}"
         else:
@@ -619,6 +621,7 @@ class Launcher:
             # A lost database is never opened again by path: that would make a new, empty one there.
             stored = store.check()
             self.telemetry = Telemetry(self.db_path, interval_s=0.1, record=stored)
+            self._ring = self.telemetry.ring
             if not stored:
                 self.telemetry.replace_sink(RecoverySampleSink(store))
             self.telemetry.start()
