@@ -9,7 +9,7 @@ gateway (collectors.nvml.Nvml), so a box without NVML just has nothing to say ab
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,23 +40,28 @@ def _ancestors(pid: int) -> set[int]:
     return out
 
 
-def other_batch_ranks(me: int | None = None) -> list[int]:
-    """pids of pkb-tui rank processes on this host that are not this process's own."""
+def other_batch_ranks(me: int | None = None, *, skip_under: Iterable[int] = ()) -> list[int]:
+    """pids of pkb-tui rank processes on this host that are not this process's own (nor started
+    by a process in ``skip_under``)."""
     me = os.getpid() if me is None else me
+    skip = {me, *skip_under}
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != me and WORKER_MODULE in _cmdline(int(entry)):
-            if me not in _ancestors(int(entry)):
+            if not skip & _ancestors(int(entry)):
                 found.append(int(entry))
     return sorted(found)
 
 
 def competing_load(*, nvml_factory: Callable[[], Any] | None = None, load_average: Callable[[], float] | None = None,
-                   me: int | None = None) -> list[str]:
-    """Sentences naming what else is running that would skew a batch's timings; [] when nothing."""
+                   me: int | None = None, known_batch_pids: Iterable[int] = ()) -> list[str]:
+    """Sentences naming what else is running that would skew a batch's timings; [] when nothing.
+    ``known_batch_pids``: launchers of batches the caller names itself (the database's batches
+    table, see Launcher): their ranks are not named again here."""
     me = os.getpid() if me is None else me
+    known = set(known_batch_pids)
     warnings = []
-    ranks = other_batch_ranks(me)
+    ranks = other_batch_ranks(me, skip_under=known)
     if ranks:
         warnings.append(f"another pkb-tui batch is running on this host ({len(ranks)} rank process(es), pid "
                         f"{', '.join(map(str, ranks[:4]))}{'…' if len(ranks) > 4 else ''}); the two will time each other")
@@ -65,7 +70,7 @@ def competing_load(*, nvml_factory: Callable[[], Any] | None = None, load_averag
 
         nvml_factory = Nvml
     with nvml_factory() as nvml:
-        gpu_pids = {pid for pid in nvml.compute_pids() if pid not in ranks and me not in _ancestors(pid)}
+        gpu_pids = {pid for pid in nvml.compute_pids() if pid not in ranks and not ({me} | known) & _ancestors(pid)}
     if gpu_pids:
         warnings.append(f"{len(gpu_pids)} other process(es) use the GPUs (pid {', '.join(map(str, sorted(gpu_pids)[:4]))})")
     load = (load_average or (lambda: os.getloadavg()[0]))()

@@ -20,11 +20,12 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 from collectors.sample import SAMPLE_COLUMNS, GpuSample
 from pkb_tui.store.samples import LINK_WIDTH, apply_retention, insert_samples, open_sample_writer
 
-__all__ = ["RingBuffer", "SampleSink", "apply_retention", "write_samples"]  # apply_retention: the store's
+__all__ = ["RingBuffer", "SampleSink", "SampleWriter", "apply_retention", "write_samples"]  # apply_retention: the store's
 
 _sample_fields = operator.attrgetter("run_id", "gpu", *SAMPLE_COLUMNS)
 
@@ -105,6 +106,17 @@ def write_samples(conn: sqlite3.Connection, samples: list[GpuSample], host_id: i
                 rank_values.extend((s.ts, s.run_id, rank.rank, rank.pid, rank.cpu_pct))
     insert_samples(conn, values, link_values, rank_values)
     return len(samples), len(link_values) // LINK_WIDTH
+
+
+class SampleWriter(Protocol):
+    """Where Telemetry sends its samples: a SampleSink, or a batch's recovery file once its
+    database is lost (pkb_tui.store.recovery.RecoverySampleSink)."""
+
+    error: str | None
+
+    def put(self, samples: list[GpuSample]) -> None: ...
+
+    def close(self, timeout_s: float = ...) -> None: ...
 
 
 class SampleSink:

@@ -20,7 +20,7 @@ from collectors import nvml as nvml_info
 from collectors.host import HostSampler
 from collectors.nvml import NvmlSampler
 from collectors.sample import GpuSample
-from collectors.sink import RingBuffer, SampleSink
+from collectors.sink import RingBuffer, SampleSink, SampleWriter
 from pkb_tui.errors import PkbError
 
 MIN_INTERVAL_S = 0.01  # 100 Hz: the counter fields cost ~0.4 ms per GPU, faster only burns a core
@@ -70,7 +70,7 @@ class Telemetry:
         self.source = "nvml" if self.gpu is not None else "host"
         self.reason = reason
         self.host = HostSampler(reason=reason or "")
-        self.sink: SampleSink | None = None
+        self.sink: SampleWriter | None = None
         if record and db_path is not None:
             self.sink = SampleSink(db_path, host_id=host_id, raw_keep_s=raw_keep_s)
 
@@ -158,6 +158,15 @@ class Telemetry:
             sink.close()
             if sink.error and not self.error:
                 self.error = sink.error
+
+    def replace_sink(self, sink: SampleWriter | None) -> None:
+        """Send the samples that follow to ``sink`` instead (the launcher's recovery file once its
+        database is lost); the old sink writes what it holds and closes."""
+        old, self.sink = self.sink, sink
+        if old is not None:
+            old.close()
+            if old.error and not self.error:
+                self.error = old.error
 
     def _run(self) -> None:
         # Straight away, unless a sample was just taken by hand (a caller priming the readings).

@@ -1,9 +1,10 @@
 """`pkb-tui`: the headless CLI on the same engine as the dashboard.
 
 With no command it opens the dashboard (Textual, imported only then). Errors a user can hit print
-one sentence (no traceback unless --verbose). Exit codes: 0 every candidate correct, 1 some
-candidate incorrect or failed, 2 usage error, 3 harness error (the ranks did not start, a launcher
-or database failure), 130 interrupted (Ctrl-C, SIGTERM).
+one sentence (no traceback unless --verbose). Exit codes (EXIT_CODES_HELP): 0 every candidate
+correct, 1 some candidate incorrect or failed, 2 usage error, 3 harness error (the ranks did not
+start, a launcher or database failure), 4 results not stored (the database went away during the
+batch; they are in the recovery file it names), 130 interrupted (Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from pkb_tui.engine.modes import MODE_CHOICES
-from pkb_tui.errors import EXIT_CANDIDATE_FAILED, EXIT_HARNESS, EXIT_OK, PkbError
+from pkb_tui.errors import EXIT_CANDIDATE_FAILED, EXIT_HARNESS, EXIT_NOT_STORED, EXIT_OK, PkbError
 from pkb_tui.store.statuses import STATUSES, status_label
 
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+EXIT_CODES_HELP = (
+    f"exit codes: {EXIT_OK} every candidate correct; {EXIT_CANDIDATE_FAILED} some candidate wrong or failed; "
+    "2 usage error; "
+    f"{EXIT_HARNESS} harness error (the ranks did not start, a launcher or database failure); "
+    f"{EXIT_NOT_STORED} results not stored (the database was deleted, moved, replaced or made read-only during "
+    "the batch: its results are in the recovery file named at the end, `pkb-tui import FILE` loads them); "
+    f"{EXIT_INTERRUPTED} interrupted (Ctrl-C, SIGTERM)"
+)
 DEFAULT_KERNELS_SHOWN = 10  # per variant in `show`
 
 
@@ -34,7 +43,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pkb-tui", description="Evaluate multi-GPU communication kernels.")
+    parser = _Parser(prog="pkb-tui", description="Evaluate multi-GPU communication kernels.", epilog=EXIT_CODES_HELP)
     parser.add_argument("--db", help="database file (default ./runs.db or $PKB_DB)")
     parser.add_argument("--runs-dir", help="folder for run logs and traces (default: pkb-runs next to the database)")
     parser.add_argument("--verbose", "-v", action="store_true", help="show tracebacks of errors")
@@ -43,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the dashboard serves the live metrics for Prometheus at HOST:PORT/metrics while it runs")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    run = sub.add_parser("run", help="run tasks against solution sets")
+    run = sub.add_parser("run", help="run tasks against solution sets", epilog=EXIT_CODES_HELP)
     run.add_argument("--task", required=True, help="task id(s), comma separated, or 'all'")
     run.add_argument("--model", required=True, help="solution set name(s) or path(s), comma separated; 'baseline' runs the baseline")
     run.add_argument("--world-size", type=int, default=2)
@@ -110,6 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"kernels shown per variant (biggest total time first): a number or 'all' (default {DEFAULT_KERNELS_SHOWN})")
     show.add_argument("--json", action="store_true")
     show.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+
+    imp = sub.add_parser(
+        "import", help="load a recovery file (results a batch could not store) into the database",
+        description="A batch whose database was deleted, moved, replaced or made read-only while it ran keeps "
+                    "going and writes its results to a recovery file next to the database (runs.recovery-<batch>.jsonl "
+                    "for runs.db), named when the batch ends (exit code 4). This loads it into a database: the runs, results, trials, "
+                    "kernels and samples a normal batch stores. Runs are matched by their batch and place in it, "
+                    "so importing a file twice, or into the database that kept the batch's first rows, adds "
+                    "nothing twice.",
+        epilog=f"exit codes: {EXIT_OK} imported; 2 no such file, or not a recovery file (nothing written); "
+               f"{EXIT_HARNESS} the database could not be written")
+    imp.add_argument("file", help="the recovery file (.jsonl)")
+    imp.add_argument("--json", action="store_true", help="print what was imported as JSON")
+    imp.add_argument("--db", dest="sub_db", metavar="PATH", help="database to load it into (default ./runs.db or $PKB_DB)")
 
     rm = sub.add_parser("rm", help="delete runs with their results, trials, kernels and samples")
     rm.add_argument("run_ids", type=int, nargs="+", metavar="RUN_ID")
@@ -309,7 +332,7 @@ def _expand_tasks(selectors: list[str], world_size: int, mode: str | None, dtype
 
 
 def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
-    from collectors.contention import competing_load, host_load_note
+    from collectors.contention import competing_load
     from pkb_tui.engine.launcher import Launcher
     from pkb_tui.engine.request import RunRequest
     from pkb_tui.store import Store
@@ -327,21 +350,32 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         max_host_memory_gib=args.max_host_memory_gib, max_tasks=args.max_tasks,
     )
     launcher = Launcher(db, runs_dir=args.runs_dir)
-    Store(launcher.db_path).close()  # a bad --db fails here, before anything launches
+    with Store(launcher.db_path) as store:  # a bad --db fails here, before anything launches
+        # Batches on this database are named by the launcher (SharedMachine): not twice here.
+        known_batches = [batch["pid"] for batch in store.other_live_batches()]
     _terminate_as_interrupt()
     items = launcher.plan(request)
-    for warning in competing_load():
+    for warning in competing_load(known_batch_pids=known_batches):
         print(f"pkb-tui: warning: {warning}.", file=sys.stderr)
-    load_at_start = os.getloadavg()[0]
     progress = _Progress(sys.stderr, len(items), quiet=args.json)
-    outcome = launcher.run(request, on_event=progress)
+    try:
+        outcome = launcher.run(request, on_event=progress)
+    except KeyboardInterrupt:
+        if launcher.outcome is not None and launcher.outcome.not_stored_sentence:
+            print(f"pkb-tui: {launcher.outcome.not_stored_sentence}", file=sys.stderr)
+        raise
     progress.done()
-    with Store(launcher.db_path) as store:
-        store.add_note(outcome.run_ids, host_load_note(load_at_start))
-        runs = [_run_summary(store.run(run_id, basis=args.speedup_basis)) for run_id in outcome.run_ids]
+    if outcome.not_stored is not None:
+        runs = _recovered_runs(outcome.recovery_path, args.speedup_basis)
+    else:
+        with Store(launcher.db_path) as store:
+            runs = [_run_summary(store.run(run_id, basis=args.speedup_basis)) for run_id in outcome.run_ids]
     if args.json:
-        json.dump({"db": str(launcher.db_path), "runs": runs, "skipped": not_runnable + outcome.skipped}, out, indent=2,
-                  default=_json_default)
+        document: dict[str, Any] = {"db": str(launcher.db_path), "runs": runs, "skipped": not_runnable + outcome.skipped}
+        if outcome.not_stored is not None:
+            document.update(stored=False, not_stored=outcome.not_stored_sentence,
+                            recovery_file=str(outcome.recovery_path) if outcome.recovery_path else None)
+        json.dump(document, out, indent=2, default=_json_default)
         out.write("\n")
     else:
         _print_runs_table(runs, out)
@@ -350,7 +384,26 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         notes = {n for r in runs for n in (r.get("notes") or [])}
         for note in sorted(notes):
             out.write(f"note: {note}\n")
+    if outcome.not_stored is not None:
+        print(f"pkb-tui: {outcome.not_stored_sentence}", file=sys.stderr)
+        return EXIT_NOT_STORED
     return batch_exit_code(runs)
+
+
+def _recovered_runs(recovery_path: Path | None, basis: str) -> list[dict[str, Any]]:
+    """The runs of a batch whose database went away, read back from its recovery file (imported
+    into a throw-away database: the same reading `pkb-tui import` does), for the table."""
+    import tempfile
+
+    from pkb_tui.store import Store
+    from pkb_tui.store.recovery import import_recovery
+
+    if recovery_path is None:
+        return []
+    with tempfile.TemporaryDirectory(prefix="pkb-recovered-") as folder, Store(Path(folder) / "runs.db") as store:
+        summary = import_recovery(recovery_path, store)
+        # Their ids are the throw-away database's: none until they are imported.
+        return [{**_run_summary(store.run(run_id, basis=basis)), "id": None} for run_id in summary.run_ids]
 
 
 def batch_exit_code(runs: list[dict[str, Any]]) -> int:
@@ -378,17 +431,22 @@ def _terminate_as_interrupt() -> None:
 
 
 class _Progress:
-    """One line per finished run on stderr (the table comes at the end)."""
+    """One line per finished run on stderr (the table comes at the end); the launcher's warnings
+    (another batch on this machine, the database gone) even with --json."""
 
     def __init__(self, stream: TextIO, total: int, quiet: bool) -> None:
         self.stream, self.total, self.quiet, self.finished = stream, total, quiet, 0
         self.t0 = time.monotonic()
 
     def __call__(self, event: Any, run_id: int | None) -> None:
-        if self.quiet:
-            return
         from pkb_tui.engine import events as ev
 
+        if isinstance(event, (ev.SharedMachine, ev.DatabaseLost)):
+            self.stream.write(f"pkb-tui: warning: {event.message}.\n")
+            self.stream.flush()
+            return
+        if self.quiet:
+            return
         if isinstance(event, ev.RunFinished):
             self.finished += 1
             detail = f" ({event.detail.splitlines()[0][:160]})" if event.detail else ""
@@ -453,7 +511,7 @@ def _print_runs_table(runs: list[dict[str, Any]], out: TextIO) -> None:
         b, c = r.get("baseline") or {}, r.get("candidate") or {}
         trials = f"{c.get('trials_passed') or 0}/{c.get('trials_total') or 0}" if c else "-"
         rows.append((
-            str(r["id"]), r["task"], r["model"], status_label(r["status"]), trials,
+            _run_label(r), r["task"], r["model"], status_label(r["status"]), trials,
             _num(b.get("median_us")), _num(c.get("median_us")),
             _speedup_text(r.get("speedup"), r.get("speedup_low"), r.get("speedup_high"), r.get("within_noise")),
             "cpu: n/a" if r.get("mode") == "cpu" else
@@ -462,22 +520,29 @@ def _print_runs_table(runs: list[dict[str, Any]], out: TextIO) -> None:
     _print_table(header, rows, out)
     for r in runs:
         if r["status"] not in ("passed",) and r.get("status_detail"):
-            out.write(f"run {r['id']} ({r['task']} / {r['model']}): {r['status_detail'].splitlines()[0][:240]}\n")
+            out.write(f"run {_run_label(r)} ({r['task']} / {r['model']}): {r['status_detail'].splitlines()[0][:240]}\n")
         if (c_note := (r.get("candidate") or {}).get("graph_note")) and r.get("mode") != "cpu":
-            out.write(f"run {r['id']} ({r['task']} / {r['model']}): no graph figure: {c_note}\n")
+            out.write(f"run {_run_label(r)} ({r['task']} / {r['model']}): no graph figure: {c_note}\n")
     _cpu_note(runs, out)
     if any(r.get("within_noise") for r in runs):
         out.write("~noise: the speedup's interval reaches into this host's self-check spread (`pkb-tui calibrate`)\n")
+
+
+def _run_label(run: dict[str, Any]) -> str:
+    """A run's id, or "-" for a run that is in no database (its batch's database went away)."""
+    return "-" if run.get("id") is None else str(run["id"])
 
 
 def _cpu_note(runs: list[dict[str, Any]], out: TextIO) -> None:
     """One line naming the cpu-mode runs: their figures are for development, not a measurement."""
     from pkb_tui.engine.modes import CPU_MODE_LABEL
 
-    cpu = [str(r["id"]) for r in runs if r.get("mode") == "cpu"]
-    if cpu:
-        out.write(f"{CPU_MODE_LABEL} (run{'s' if len(cpu) > 1 else ''} {', '.join(cpu)}: gloo on a shared CPU; "
-                  "no roofline or bus bandwidth)\n")
+    cpu = [r for r in runs if r.get("mode") == "cpu"]
+    if not cpu:
+        return
+    ids = [str(r["id"]) for r in cpu if r.get("id") is not None]  # none for runs not stored
+    which = f"run{'s' if len(ids) > 1 else ''} {', '.join(ids)}: " if ids else ""
+    out.write(f"{CPU_MODE_LABEL} ({which}gloo on a shared CPU; no roofline or bus bandwidth)\n")
 
 
 def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
@@ -760,6 +825,30 @@ def _print_kernels(kernels: list[dict[str, Any]], limit: int | None, out: TextIO
             out.write(f"  ({len(names) - len(shown)} more {variant} kernel(s): --kernels all shows them)\n")
 
 
+def cmd_import(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.store import Store, default_db_path
+    from pkb_tui.store.recovery import import_recovery, read_recovery
+
+    batch = read_recovery(args.file)  # a missing or foreign file is refused before any database is touched
+    target = db or default_db_path()
+    with Store(target) as store:
+        summary = import_recovery(batch, store)
+    if summary.torn_last_line:
+        print(f"pkb-tui: warning: the last line of {args.file} was cut off (the batch was killed while writing it) "
+              "and was left out; every line before it was imported.", file=sys.stderr)
+    if args.json:
+        json.dump({"file": str(args.file), "db": str(target), "batch_id": summary.batch_id, "run_ids": summary.run_ids,
+                   "added": summary.added, "already_there": summary.updated, "samples_added": summary.samples_added,
+                   "torn_last_line": summary.torn_last_line}, out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    ids = ", ".join(map(str, summary.run_ids)) or "none"
+    out.write(f"imported batch {summary.batch_id} from {args.file} into {target}: {summary.added} run(s) added, "
+              f"{summary.updated} already there (brought up to date), {summary.samples_added} telemetry sample(s) "
+              f"added; run ids {ids} (`pkb-tui show RUN_ID`)\n")
+    return EXIT_OK
+
+
 def cmd_rm(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from pkb_tui.store import Store
 
@@ -858,6 +947,7 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
 
 COMMANDS = {
     "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show, "rm": cmd_rm,
+    "import": cmd_import,
     "board": cmd_board,
     "monitor": cmd_monitor, "calibrate": cmd_calibrate, "export": cmd_export, "query": cmd_query,
 }

@@ -6,6 +6,7 @@ EXIT_OK = 0
 EXIT_CANDIDATE_FAILED = 1
 EXIT_USAGE = 2
 EXIT_HARNESS = 3
+EXIT_NOT_STORED = 4  # the batch ran, but its database went away: its results are in a recovery file
 
 
 class PkbError(Exception):

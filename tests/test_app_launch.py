@@ -214,6 +214,49 @@ def test_a_request_the_engine_refuses_is_shown_and_nothing_runs(tmp_path):
     asyncio.run(_drive(app, body))
 
 
+def test_the_dashboard_and_a_cli_batch_on_one_database_each_say_the_other_shares_the_machine(tmp_path):
+    from tests.test_store_writers import SHARED, Batch, _gated_runs_running, _wait_for
+
+    db, gate = tmp_path / "runs.db", tmp_path / "gate"
+    cli_batch = Batch(tmp_path, db, "cli", gate)  # held in its gated run until the gate opens
+    try:
+        _wait_for("the CLI batch's gated run", lambda: _gated_runs_running(db) == 1, cli_batch)
+        app = real_app(tmp_path, trials=1)
+        said: list[str] = []
+        notify = app.notify
+
+        def recording_notify(message: str, **kwargs) -> None:
+            said.append(message)
+            notify(message, **kwargs)
+
+        app.notify = recording_notify  # type: ignore[method-assign]
+
+        async def body(pilot):
+            await pick_all_reduce(app, pilot)
+            await pilot.press("r")
+            await until(lambda: not app.batch.busy, pilot, what="the dashboard's batch to end")
+            await pilot.press("q")
+
+        asyncio.run(_drive(app, body))
+        warnings = [m for m in said if SHARED in m]
+        assert len(warnings) == 1 and f"pid {cli_batch.proc.pid}," in warnings[0], said
+        _wait_for("the CLI batch to see the dashboard's", lambda: SHARED in cli_batch.stderr(), cli_batch)
+        gate.touch()
+        assert cli_batch.wait() == 0, cli_batch.stderr()
+    finally:
+        if cli_batch.proc.poll() is None:
+            cli_batch.proc.kill()
+            cli_batch.proc.wait()
+    assert f"another pkb-tui batch (pid {os.getpid()}, started " in cli_batch.stderr()  # the dashboard's launcher
+    with Store(db) as store:
+        runs = store.runs(order_by="id", descending=False)
+        assert [r["status"] for r in runs] == ["passed"] * 3  # the CLI's two and the dashboard's one
+        dashboard_runs = [r for r in runs if r["batch_id"] != runs[0]["batch_id"]]  # the CLI's were created first
+        assert len(dashboard_runs) == 1
+        notes = store.run(dashboard_runs[0]["id"])["notes"]
+        assert any(f"pid {cli_batch.proc.pid}," in n and SHARED in n for n in notes), notes
+
+
 async def _drive(app: PkbApp, body) -> None:
     async with app.run_test(size=(100, 32)) as pilot:
         await body(pilot)

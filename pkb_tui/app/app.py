@@ -22,6 +22,7 @@ from pkb_tui.app.config import AppConfig
 from pkb_tui.app.format import status_mark
 from pkb_tui.app.live_state import LiveState
 from pkb_tui.app.messages import BatchBegan, BatchEnded, EngineEvent, QueueIdle
+from pkb_tui.engine import events as ev
 from pkb_tui.engine.request import RunRequest
 from pkb_tui.errors import PkbError
 from pkb_tui.store import Store
@@ -242,7 +243,12 @@ class PkbApp(App[int]):
 
     @on(EngineEvent)
     def _engine_event(self, message: EngineEvent) -> None:
-        self.batch.state.apply(message.event, message.run_id)
+        event = message.event
+        if isinstance(event, ev.SharedMachine):
+            self.notify(event.message + ".", title="Another batch", severity="warning", timeout=15)
+        elif isinstance(event, ev.DatabaseLost):
+            self.notify(event.message + ".", title="Database lost", severity="error", timeout=30)
+        self.batch.state.apply(event, message.run_id)
         self._update_summary()
 
     @on(BatchEnded)

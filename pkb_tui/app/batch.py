@@ -9,7 +9,6 @@ records the run as interrupted; batches still queued are dropped.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import traceback
 from collections import deque
@@ -24,16 +23,6 @@ if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
 
 log = logging.getLogger("pkb_tui.app")
-
-
-def _note_host_load(db_path: Any, run_ids: list[int], load_at_start: float) -> None:
-    from collectors.contention import host_load_note
-    from pkb_tui.store import Store
-
-    if not run_ids:
-        return
-    with Store(db_path, recover=False) as store:
-        store.add_note(run_ids, host_load_note(load_at_start))
 
 
 class BatchQueue:
@@ -84,12 +73,10 @@ class BatchQueue:
                 try:
                     items = launcher.plan(request)
                     app.post_message(BatchBegan([(i.task, i.model) for i in items], request))
-                    load_at_start = os.getloadavg()[0]
                     outcome = launcher.run(
                         request, on_event=lambda event, run_id: app.post_message(EngineEvent(event, run_id)),
                         cancel=self.cancel_event,
                     )
-                    _note_host_load(app.config.db_path, outcome.run_ids, load_at_start)
                 except PkbError as exc:
                     app.post_message(BatchEnded({}, status="error", failure=str(exc)))
                     continue
@@ -100,7 +87,7 @@ class BatchQueue:
                 finally:
                     self.launcher = None
                 status = "interrupted" if self.cancel_event.is_set() else "finished"  # the batch's, not a run's
-                app.post_message(BatchEnded(dict(outcome.statuses), status=status))
+                app.post_message(BatchEnded(dict(outcome.statuses), status=status, failure=outcome.not_stored_sentence))
         finally:
             # A message, not call_from_thread: it must arrive after the BatchEnded posted above.
             app.post_message(QueueIdle())

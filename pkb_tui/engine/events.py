@@ -167,6 +167,28 @@ class BatchFinished(Event):
     status: str
 
 
+# The launcher's own events, passed to whoever watches with the judges' (never read from the event
+# file, so not in EVENT_TYPES: a judge cannot send them).
+@dataclass
+class SharedMachine(Event):
+    """Another batch on this database runs on this machine (said once per other batch)."""
+
+    name: ClassVar[str] = "shared_machine"
+    pid: int
+    started_at: float
+    message: str
+
+
+@dataclass
+class DatabaseLost(Event):
+    """The database was deleted, moved, replaced or made read-only (or a write failed): the rest of
+    the batch goes to the recovery file (None: none could be written, said in message)."""
+
+    name: ClassVar[str] = "database_lost"
+    message: str
+    recovery_path: str | None = None
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.name: cls for cls in (
         BatchStarted, RunStarted, RunNote, Progress, TrialResult, Timing, BlockTimes, Kernels, LinkBytes, Error, RunFinished,

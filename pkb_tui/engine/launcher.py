@@ -35,6 +35,7 @@ from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
 from pkb_tui.errors import PkbError
 from pkb_tui.store import Store, default_db_path
+from pkb_tui.store.recovery import BatchWriter, RecoverySampleSink, not_stored_sentence
 from tasks.base import SIZE_NAMES, Traffic, all_tasks, broken_tasks, load_task
 
 EventCallback = Callable[[ev.Event, "int | None"], None]
@@ -58,6 +59,20 @@ class BatchOutcome:
     run_ids: list[int]
     statuses: dict[int, str]
     skipped: list[str] = field(default_factory=list)  # sentences: pairs not run and why
+    # The database went away during the batch (store.recovery): what happened, and the file that
+    # holds the batch's results for `pkb-tui import` (None with not_stored set: none could be written).
+    not_stored: str | None = None
+    recovery_path: Path | None = None
+    recovery_error: str | None = None
+    database: Path | None = None
+
+    @property
+    def not_stored_sentence(self) -> str | None:
+        """The sentence to end the batch with when its results are not in the database."""
+        if self.not_stored is None:
+            return None
+        return not_stored_sentence(self.not_stored, self.recovery_path, self.recovery_error,
+                                   self.database or default_db_path())
 
     @property
     def all_passed(self) -> bool:
@@ -73,6 +88,7 @@ class _RunState:
     timings: dict[str, ev.Timing] = field(default_factory=dict)
     link_bytes: dict[str, ev.LinkBytes] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    neighbours: dict[str, str] = field(default_factory=dict)  # other batches that ran meanwhile: note
     started: bool = False
     finished: bool = False
     status: str = "queued"
@@ -83,7 +99,9 @@ class Launcher:
         self.db_path = Path(db_path) if db_path is not None else default_db_path()
         self.runs_dir = Path(runs_dir) if runs_dir is not None else self.db_path.resolve().parent / "pkb-runs"
         self.telemetry: Any = None  # a collectors.telemetry.Telemetry while a batch runs
+        self._ring: Any = None  # its ring of samples, kept to the batch's end (a database lost at the very end)
         self.skipped: list[str] = []
+        self.outcome: BatchOutcome | None = None  # the last batch's, also when run() raised (Ctrl-C)
         self._proc: subprocess.Popen | None = None
 
     # ------------------------------------------------------------------ planning (no processes)
@@ -154,16 +172,27 @@ class Launcher:
         items = self.plan(request)
         mode = self._mode = choose_mode(request.world_size, request.mode)
         cancel = cancel or threading.Event()
-        store = Store(self.db_path)
+        load_at_start = os.getloadavg()[0]
+        self._ring = None
         batch_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         batch_dir = self.runs_dir / batch_id
         batch_dir.mkdir(parents=True, exist_ok=True)
         self._batch_dir = batch_dir
-        states = self._create_runs(store, request, items, mode, batch_id, batch_dir)
-        for item in items:
-            if item.invalid_reason:
-                self._record_invalid(store, states[item.index], item.invalid_reason, on_event)
-        self._start_telemetry()
+        store = BatchWriter(Store(self.db_path), batch_id, fallback_dir=batch_dir,
+                            on_lost=lambda sentence, path: self._on_database_lost(store, sentence, path, on_event))
+        try:
+            store.register_batch(runs=len(items))
+            self._neighbours = _Neighbours(store, on_event)
+            self._neighbours.look()
+            states = self._create_runs(store, request, items, mode, batch_id, batch_dir)
+            for item in items:
+                if item.invalid_reason:
+                    self._record_invalid(store, states[item.index], item.invalid_reason, on_event)
+        except BaseException:
+            store.end_batch()
+            store.close()
+            raise
+        self._start_telemetry(store)
         mps = self._start_mps(mode)
         try:
             remaining = [item for item in items if not item.invalid_reason]
@@ -190,16 +219,39 @@ class Launcher:
             if mps is not None:
                 mps.stop()
             self._stop_telemetry()
+            store.end_batch()
+            store.add_note([s.run_id for s in states.values()], _host_load_note(load_at_start))
             store.close()
             # Temporary trees go with the batch (runners' scratch, torchrun's torchelastic_*
             # folders, which TMPDIR puts there); logs stay, older batches' within the retention.
             shutil.rmtree(batch_dir / "scratch", ignore_errors=True)
             remove_old_batches(self.runs_dir, keep=batch_dir)
-        statuses = {s.run_id: s.status for s in states.values()}
-        return BatchOutcome([s.run_id for s in states.values()], statuses, list(self.skipped))
+            self.outcome = BatchOutcome(
+                [s.run_id for s in states.values()], {s.run_id: s.status for s in states.values()}, list(self.skipped),
+                not_stored=store.lost, recovery_path=store.recovery_path, recovery_error=store.recovery_error,
+                database=self.db_path,
+            )
+        return self.outcome
+
+    def _on_database_lost(
+        self, store: BatchWriter, sentence: str, recovery_path: Path | None, on_event: EventCallback | None,
+    ) -> None:
+        """The database is gone (store.recovery): the samples that follow go to the recovery file,
+        with those of this batch's runs still in the ring (the database that held them may be gone),
+        and whoever watches is told at once."""
+        if self.telemetry is not None:
+            self.telemetry.replace_sink(RecoverySampleSink(store))
+        if self._ring is not None:
+            store.add_samples(self._ring.snapshot())
+        if recovery_path is not None:
+            message = f"{sentence}; this batch's results now go to {recovery_path}"
+        else:
+            message = f"{sentence}, and no recovery file could be written ({store.recovery_error}): results are not kept"
+        if on_event is not None:
+            on_event(ev.DatabaseLost(message=message, recovery_path=str(recovery_path) if recovery_path else None), None)
 
     def _record_invalid(
-        self, store: Store, state: _RunState, reason: str, on_event: EventCallback | None = None,
+        self, store: BatchWriter, state: _RunState, reason: str, on_event: EventCallback | None = None,
     ) -> None:
         """A candidate that cannot run (see RunItem.invalid_reason): its run is recorded as failed
         with the reason, without launching anything; the rest of the batch goes on."""
@@ -210,7 +262,7 @@ class Launcher:
         self._finish(store, state, "failed", f"invalid candidate: {reason}", on_event)
 
     def _create_runs(
-        self, store: Store, request: RunRequest, items: list[RunItem], mode: str, batch_id: str, batch_dir: Path,
+        self, store: BatchWriter, request: RunRequest, items: list[RunItem], mode: str, batch_id: str, batch_dir: Path,
     ) -> dict[int, _RunState]:
         states: dict[int, _RunState] = {}
         for item in items:
@@ -232,12 +284,13 @@ class Launcher:
                 "status": "queued", "baseline_source_hash": baseline_hash, "candidate_source_hash": candidate_hash,
                 "timings_representative": int(timings_representative(mode)),
                 "log_path": str(batch_dir / f"item{item.index:03d}.rank0.log"),
+                "item_index": item.index,
             })
             states[item.index] = _RunState(run_id=run_id, item=item)
         return states
 
     def _launch(
-        self, store: Store, request: RunRequest, mode: str, items: list[RunItem], states: dict[int, _RunState],
+        self, store: BatchWriter, request: RunRequest, mode: str, items: list[RunItem], states: dict[int, _RunState],
         batch_dir: Path, launch: int, mps, on_event: EventCallback | None, cancel: threading.Event,
     ) -> list[RunItem]:
         """One torchrun for these items. Returns the items still to run (after a timeout/crash)."""
@@ -314,6 +367,7 @@ class Launcher:
                 current, any_run_started = event.item, True
                 state.started = True
                 store.update_run(state.run_id, status="running", started_at=time.time())
+                self._neighbours.look(state)
                 if self.telemetry is not None:
                     self.telemetry.set_run(state.run_id)
             elif isinstance(event, ev.TrialResult) and state is not None:
@@ -373,6 +427,8 @@ class Launcher:
                 break
             if now - last_look >= 1.0:
                 last_look = now
+                store.check()  # a database deleted or replaced is told at once, not at the next write
+                self._neighbours.look(states[current] if current is not None else None)
                 for pid in procs.children_by_parent().get(self._proc.pid, []):
                     watched.setdefault(pid, ("a judge", procs.StopWatch(pid)))
                 stopped = next((pid for pid, (_, watch) in watched.items() if watch.stopped_s() > STOPPED_LIMIT_S), None)
@@ -407,7 +463,7 @@ class Launcher:
         return [item for item in items if item.index in pending]
 
     # ------------------------------------------------------------------ results
-    def _on_batch_started(self, store: Store, states: dict[int, _RunState], items: list[RunItem], event: ev.BatchStarted) -> None:
+    def _on_batch_started(self, store: BatchWriter, states: dict[int, _RunState], items: list[RunItem], event: ev.BatchStarted) -> None:
         host = dict(event.host)
         host_id = store.upsert_host(host)
         self._host = host
@@ -423,7 +479,7 @@ class Launcher:
             )
 
     def _finish(
-        self, store: Store, state: _RunState, status: str, detail: str | None,
+        self, store: BatchWriter, state: _RunState, status: str, detail: str | None,
         on_event: EventCallback | None, *, request: RunRequest | None = None,
     ) -> None:
         if state.finished:
@@ -432,6 +488,10 @@ class Launcher:
         state.status = status
         if state.errors and not detail:
             detail = "; ".join(state.errors[-3:])
+        if state.started:
+            self._neighbours.look(state)
+            for note in state.neighbours.values():
+                store.add_note([state.run_id], note)
         log_path = self._merge_logs(state)
         store.update_run(state.run_id, status=status, status_detail=detail, finished_at=time.time(),
                          **({"log_path": str(log_path)} if log_path else {}))
@@ -442,7 +502,7 @@ class Launcher:
         if on_event is not None:
             on_event(ev.RunFinished(item=state.item.index, status=status, detail=detail), state.run_id)
 
-    def _store_results(self, store: Store, state: _RunState, request: RunRequest) -> None:
+    def _store_results(self, store: BatchWriter, state: _RunState, request: RunRequest) -> None:
         traffic = self._traffic(state.item.task, request)
         trials = state.trials
         passed = sum(1 for t in trials if t["correct"])
@@ -552,13 +612,18 @@ class Launcher:
         return merged
 
     # ------------------------------------------------------------------ helpers: telemetry, MPS, processes
-    def _start_telemetry(self) -> None:
+    def _start_telemetry(self, store: BatchWriter) -> None:
         try:
             from collectors.telemetry import Telemetry
         except ImportError:
             return
         try:
-            self.telemetry = Telemetry(self.db_path, interval_s=0.1, record=True)
+            # A lost database is never opened again by path: that would make a new, empty one there.
+            stored = store.check()
+            self.telemetry = Telemetry(self.db_path, interval_s=0.1, record=stored)
+            self._ring = self.telemetry.ring
+            if not stored:
+                self.telemetry.replace_sink(RecoverySampleSink(store))
             self.telemetry.start()
         except Exception:
             self.telemetry = None
@@ -590,6 +655,38 @@ class Launcher:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+
+class _Neighbours:
+    """Other batches on this database that run on this machine now (the batches table, looked at
+    when a run starts and ends and once a second between): each is said once, as a SharedMachine
+    event, and every run that ran while one did gets a note naming it."""
+
+    def __init__(self, store: BatchWriter, on_event: EventCallback | None) -> None:
+        self.store = store
+        self.on_event = on_event
+        self.said: set[str] = set()
+
+    def look(self, state: _RunState | None = None) -> None:
+        for batch in self.store.other_live_batches():
+            note = shared_machine_note(batch["pid"], batch["started_at"])
+            if state is not None:
+                state.neighbours.setdefault(batch["batch_id"], note)
+            if batch["batch_id"] not in self.said:
+                self.said.add(batch["batch_id"])
+                if self.on_event is not None:
+                    self.on_event(ev.SharedMachine(pid=batch["pid"], started_at=batch["started_at"], message=note), None)
+
+
+def shared_machine_note(pid: int, started_at: float) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_at))
+    return f"another pkb-tui batch (pid {pid}, started {started}) shares this machine: timings may be disturbed"
+
+
+def _host_load_note(load_at_start: float) -> str:
+    from collectors.contention import host_load_note
+
+    return host_load_note(load_at_start)
 
 
 def remove_old_batches(runs_dir: Path, keep: Path | None = None, now: float | None = None) -> list[Path]:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from collectors.sample import SAMPLE_COLUMNS
+from pkb_tui.store.store import begin_immediate
 
 _SAMPLE_HEAD = f"INSERT INTO samples (ts, host_id, run_id, gpu, {', '.join(SAMPLE_COLUMNS)}) VALUES "
 SAMPLE_WIDTH = 4 + len(SAMPLE_COLUMNS)  # values per samples row, in _SAMPLE_HEAD's order
@@ -41,28 +42,60 @@ def _insert_many(conn: sqlite3.Connection, head: str, width: int, values: list) 
 
 def open_sample_writer(db_path: str | Path) -> sqlite3.Connection:
     """A connection of our own on a migrated database, in WAL mode."""
-    from pkb_tui.store.store import Store, connect
+    from pkb_tui.store.store import Store, connect, retry_busy
 
     Store(db_path, recover=False).close()  # creates / migrates the schema if needed
     conn = connect(db_path)
-    conn.execute("PRAGMA journal_mode = WAL")
+    retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
     conn.execute("PRAGMA synchronous = NORMAL")
     return conn
 
 
 def insert_samples(conn: sqlite3.Connection, sample_values: list, link_values: list, rank_values: list) -> None:
     """Insert flat rows (SAMPLE_WIDTH / LINK_WIDTH / RANK_WIDTH values each) in one transaction."""
-    conn.execute("BEGIN IMMEDIATE")
+    begin_immediate(conn)
     try:
-        _insert_many(conn, _SAMPLE_HEAD, SAMPLE_WIDTH, sample_values)
-        if link_values:
-            _insert_many(conn, _LINK_HEAD, LINK_WIDTH, link_values)
-        if rank_values:
-            _insert_many(conn, _RANK_HEAD, RANK_WIDTH, rank_values)
+        insert_sample_rows(conn, sample_values, link_values, rank_values)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def insert_sample_rows(conn: sqlite3.Connection, sample_values: list, link_values: list, rank_values: list) -> None:
+    """insert_samples inside the caller's transaction."""
+    if sample_values:
+        _insert_many(conn, _SAMPLE_HEAD, SAMPLE_WIDTH, sample_values)
+    if link_values:
+        _insert_many(conn, _LINK_HEAD, LINK_WIDTH, link_values)
+    if rank_values:
+        _insert_many(conn, _RANK_HEAD, RANK_WIDTH, rank_values)
+
+
+def insert_run_samples(conn: sqlite3.Connection, run_id: int, samples: list[dict]) -> int:
+    """A run's samples as a recovery file holds them (GpuSample fields, links and ranks as lists of
+    dicts), inside the caller's transaction; a sample whose (gpu, ts) the run already has is left
+    out, so importing a file twice, or a file whose first samples did reach the database, adds
+    each sample once. Returns the samples added."""
+    have = {(row[0], row[1]) for row in conn.execute("SELECT gpu, ts FROM samples WHERE run_id = ?", (run_id,))}
+    values: list = []
+    link_values: list = []
+    rank_values: list = []
+    added = 0
+    for sample in samples:
+        key = (sample["gpu"], sample["ts"])
+        if key in have:
+            continue
+        have.add(key)
+        added += 1
+        values += [sample["ts"], None, run_id, sample["gpu"], *(sample.get(c) for c in SAMPLE_COLUMNS)]
+        for link in sample.get("links") or []:
+            link_values += [sample["ts"], run_id, sample["gpu"], link["link"], link.get("tx_bytes_per_s"),
+                            link.get("rx_bytes_per_s")]
+        for rank in sample.get("ranks") or []:
+            rank_values += [sample["ts"], run_id, rank["rank"], rank.get("pid"), rank.get("cpu_pct")]
+    insert_sample_rows(conn, values, link_values, rank_values)
+    return added
 
 
 def apply_retention(
@@ -113,7 +146,7 @@ def apply_retention(
         while start is not None and start < cutoff:
             end = min(cutoff, start + max(1, math.ceil(slice_s)))
             if not outer:
-                conn.execute("BEGIN IMMEDIATE")
+                begin_immediate(conn)
             try:
                 conn.execute(fold_samples, (start, end))
                 replaced += conn.execute(f"DELETE FROM samples WHERE {window}", (start, end)).rowcount

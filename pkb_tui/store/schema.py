@@ -396,5 +396,26 @@ _V_VIEWS = [
     """,
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS]
+# Several writers on one file (two CLI batches, the dashboard and a CLI): `batches` lists the batches
+# running now, one row each while its launcher lives (removed when it ends; a row whose process is
+# gone, or whose pid now names another process, is stale and ignored), so each batch can say that
+# another shares the machine. `runs.item_index` is the run's place in its batch: (batch_id,
+# item_index) is the run's identity across databases, which `pkb-tui import` matches a recovery
+# file's runs by (importing twice changes nothing). NULL for runs from before it.
+_V_BATCHES = [
+    """
+    CREATE TABLE batches (
+        batch_id TEXT PRIMARY KEY,
+        host TEXT NOT NULL,         -- socket.gethostname() of the launcher
+        pid INTEGER NOT NULL,       -- the launcher's process
+        pid_start_ticks INTEGER,    -- its start in /proc/<pid>/stat: a reused pid is not this batch
+        started_at REAL NOT NULL,
+        runs INTEGER                -- how many runs the batch planned
+    )
+    """,
+    "ALTER TABLE runs ADD COLUMN item_index INTEGER",
+    "CREATE UNIQUE INDEX runs_batch_item ON runs(batch_id, item_index) WHERE item_index IS NOT NULL",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_BATCHES]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,8 +1,12 @@
-"""runs.db: one writer per process (the launcher; the collectors' sink has its own connection).
+"""runs.db: one writer per process (the launcher; the collectors' sink has its own connection),
+several processes on one file (two batches, the dashboard and a CLI).
 
-WAL mode, so the TUI reads while a run writes. Every write is its own short transaction, so a
-launcher killed at any point (kill -9 included) leaves a readable database; runs it left 'running'
-are marked 'interrupted' the next time any Store opens the file and finds their launcher gone.
+WAL mode, so the TUI reads while a run writes. Every write is its own short BEGIN IMMEDIATE
+transaction, retried where SQLite answers "locked" without waiting (retry_busy), so a launcher
+killed at any point (kill -9 included) leaves a readable database and two writers wait for each
+other instead of failing; runs it left 'running' are marked 'interrupted' the next time any Store
+opens the file and finds their launcher gone. The batches table says which batches run now
+(register_batch, other_live_batches); store/recovery.py keeps a batch's writes when the file goes.
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pkb_tui.errors import EXIT_HARNESS, PkbError
 from pkb_tui.store.generate import GenerateStore
@@ -25,6 +29,7 @@ from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION
 from pkb_tui.store.statuses import FINISHED_STATUSES, UNFINISHED_STATUSES, sql_list
 
 DEFAULT_DB = "runs.db"
+T = TypeVar("T")
 
 
 def default_db_path() -> Path:
@@ -45,6 +50,124 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# ---------------------------------------------------------------------- writes on a connection
+# Each takes a connection inside a transaction, so a Store method and `pkb-tui import` (one
+# transaction for a whole recovery file) write the same rows the same way.
+def run_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """A runs row as create_run stores it: creation time and launcher filled in, request as JSON."""
+    fields = dict(fields)
+    fields.setdefault("created_at", time.time())
+    fields.setdefault("launcher_pid", os.getpid())
+    fields.setdefault("launcher_host", socket.gethostname())
+    for key in ("request", "notes"):
+        if fields.get(key) is not None and not isinstance(fields[key], str):
+            fields[key] = json.dumps(fields[key], sort_keys=key == "request")
+    return fields
+
+
+def insert_row(conn: sqlite3.Connection, table: str, fields: dict[str, Any]) -> int:
+    cols = ", ".join(fields)
+    marks = ", ".join("?" for _ in fields)
+    cur = conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(fields.values()))
+    return int(cur.lastrowid or 0)  # an INSERT always sets it
+
+
+def insert_run(conn: sqlite3.Connection, fields: dict[str, Any]) -> int:
+    return insert_row(conn, "runs", fields)
+
+
+def update_run_row(conn: sqlite3.Connection, run_id: int, fields: dict[str, Any]) -> None:
+    if not fields:
+        return
+    if "notes" in fields and not isinstance(fields["notes"], (str, type(None))):
+        fields = {**fields, "notes": json.dumps(fields["notes"])}
+    sets = ", ".join(f"{k}=?" for k in fields)
+    conn.execute(f"UPDATE runs SET {sets} WHERE id=?", (*fields.values(), run_id))
+
+
+def host_fingerprint(info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    fields = {k: info.get(k) for k in (
+        "hostname", "gpu_model", "gpu_count", "driver_version", "cuda_version", "torch_version",
+        "nccl_version", "python_version",
+    )}
+    fields["gpu_count"] = fields["gpu_count"] or 0
+    fields["topology"] = json.dumps(info.get("topology")) if info.get("topology") is not None else None
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16], fields
+
+
+def upsert_host_row(conn: sqlite3.Connection, info: dict[str, Any]) -> int:
+    now = time.time()
+    fingerprint, fields = host_fingerprint(info)
+    row = conn.execute("SELECT id FROM hosts WHERE fingerprint=?", (fingerprint,)).fetchone()
+    if row:
+        conn.execute("UPDATE hosts SET last_seen_at=? WHERE id=?", (now, row["id"]))
+        return int(row["id"])
+    return insert_row(conn, "hosts", {"fingerprint": fingerprint, **fields, "first_seen_at": now, "last_seen_at": now})
+
+
+def source_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def insert_source(conn: sqlite3.Connection, path: str, text: str) -> str:
+    digest = source_hash(text)
+    conn.execute(
+        "INSERT OR IGNORE INTO sources (hash, path, text, first_seen_at) VALUES (?, ?, ?, ?)",
+        (digest, path, text, time.time()),
+    )
+    return digest
+
+
+def upsert_result(conn: sqlite3.Connection, run_id: int, variant: str, fields: dict[str, Any]) -> None:
+    fields = {**fields, "run_id": run_id, "variant": variant}
+    if isinstance(fields.get("traffic"), dict):
+        fields["traffic"] = json.dumps(fields["traffic"])
+    cols = ", ".join(fields)
+    marks = ", ".join("?" for _ in fields)
+    updates = ", ".join(f"{k}=excluded.{k}" for k in fields if k not in ("run_id", "variant"))
+    conn.execute(
+        f"INSERT INTO results ({cols}) VALUES ({marks}) ON CONFLICT(run_id, variant) DO UPDATE SET {updates}",
+        tuple(fields.values()),
+    )
+
+
+def upsert_trials(conn: sqlite3.Connection, run_id: int, trials: Iterable[dict[str, Any]]) -> None:
+    rows = []
+    for trial in trials:
+        detail = trial.get("detail")
+        rows.append((
+            run_id, trial["trial"], int(bool(trial["correct"])), trial.get("max_abs_error"),
+            trial.get("max_rel_error"), trial.get("worst_rank"), trial.get("message"),
+            json.dumps(detail) if detail is not None and not isinstance(detail, str) else detail,
+        ))
+    conn.executemany(
+        "INSERT OR REPLACE INTO trials (run_id, trial, correct, max_abs_error, max_rel_error, worst_rank, "
+        "message, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows,
+    )
+
+
+def insert_kernels(conn: sqlite3.Connection, run_id: int, kernels: Iterable[dict[str, Any]]) -> None:
+    rows = [
+        (run_id, k["variant"], k["rank"], k["name"], k["category"], k["calls"], k["total_us"],
+         k["mean_us"], k.get("share_fraction"))
+        for k in kernels
+    ]
+    conn.executemany(
+        "INSERT INTO kernels (run_id, variant, rank, name, category, calls, total_us, mean_us, share_fraction) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows,
+    )
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When a process started (clock ticks since boot, /proc/<pid>/stat field 22); None when gone.
+    With the pid it names one process for good: a pid reused later has another start."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class _Connection(sqlite3.Connection):
@@ -72,6 +195,36 @@ def _damage_or(exc: sqlite3.DatabaseError, path: Path) -> Exception:
     if type(exc) is sqlite3.DatabaseError and ("malformed" in str(exc) or "not a database" in str(exc)):
         return PkbError(damaged_database(path, exc), exit_code=EXIT_HARNESS)
     return exc
+
+
+BUSY_RETRIES = 6  # after the busy timeout itself: 0.05 s doubling, ~3 s more in all
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "database is locked" in text or "database is busy" in text or "database table is locked" in text
+
+
+def retry_busy(attempt: Callable[[], T]) -> T:
+    """``attempt()`` again, after a short doubling sleep, while SQLite says the database is locked.
+
+    The busy timeout covers most waits; a few steps answer SQLITE_BUSY at once without calling the
+    busy handler (switching a new file to WAL, WAL recovery after a crash), and a second writer on
+    the same file can meet them. ``attempt`` must be safe to repeat (a BEGIN, a pragma)."""
+    for delay_index in range(BUSY_RETRIES + 1):
+        try:
+            return attempt()
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or delay_index == BUSY_RETRIES:
+                raise
+            time.sleep(0.05 * 2 ** delay_index)
+    raise AssertionError("unreachable")
+
+
+def begin_immediate(conn: sqlite3.Connection) -> None:
+    """Start a write transaction: the write lock is taken here, so nothing later in it can meet
+    another writer (a deferred BEGIN that later writes can fail with SQLITE_BUSY at once in WAL)."""
+    retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
 
 
 def connect(path: Path | str, *, readonly: bool = False, timeout_s: float = 30.0) -> _Connection:
@@ -201,7 +354,9 @@ class Store(GenerateStore):
             raise PkbError(f"Cannot create database {self.path}: folder {parent} is not writable; pass another --db.")
         try:
             conn = connect(self.path)
-            conn.execute("PRAGMA journal_mode = WAL")
+            # Switching a new file to WAL takes a lock SQLite does not wait for (no busy handler):
+            # two launchers creating one database at once would see "database is locked".
+            retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
             conn.execute("PRAGMA synchronous = NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except (sqlite3.DatabaseError, PkbError) as exc:
@@ -217,13 +372,21 @@ class Store(GenerateStore):
             raise PkbError(
                 f"{self.path} has schema version {version}, newer than this pkb-tui knows ({SCHEMA_VERSION}); upgrade pkb-tui."
             )
-        for index in range(version, SCHEMA_VERSION):
+        while version < SCHEMA_VERSION:
+            index = version
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                begin_immediate(conn)
+                # Another process may have migrated while this one waited for the lock: the
+                # version read inside the write lock is the one that counts.
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > index:
+                    conn.execute("COMMIT")
+                    continue
                 for statement in MIGRATIONS[index]:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {index + 1}")
                 conn.execute("COMMIT")
+                version = index + 1
             except (sqlite3.DatabaseError, PkbError) as exc:
                 try:
                     conn.execute("ROLLBACK")
@@ -246,7 +409,7 @@ class Store(GenerateStore):
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self.conn.execute("BEGIN IMMEDIATE")
+            begin_immediate(self.conn)
             try:
                 yield self.conn
             except BaseException:
@@ -256,7 +419,8 @@ class Store(GenerateStore):
 
     def recover_interrupted(self) -> int:
         """Runs left unfinished by a launcher that no longer exists: 'running' ones become
-        interrupted, 'queued' ones (never started) cancelled."""
+        interrupted, 'queued' ones (never started) cancelled; its row in batches goes."""
+        self.other_live_batches()  # removes the stale rows as it looks
         here = socket.gethostname()
         rows = self.conn.execute(
             f"SELECT id, status, launcher_pid, launcher_host FROM runs WHERE status IN {sql_list(UNFINISHED_STATUSES)}"
@@ -307,51 +471,20 @@ class Store(GenerateStore):
 
     # ----------------------------------------------------------------- writes
     def upsert_host(self, info: dict[str, Any]) -> int:
-        now = time.time()
-        fields = {k: info.get(k) for k in (
-            "hostname", "gpu_model", "gpu_count", "driver_version", "cuda_version", "torch_version",
-            "nccl_version", "python_version",
-        )}
-        fields["gpu_count"] = fields["gpu_count"] or 0
-        fields["topology"] = json.dumps(info.get("topology")) if info.get("topology") is not None else None
-        fingerprint = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
         with self.transaction() as conn:
-            row = conn.execute("SELECT id FROM hosts WHERE fingerprint=?", (fingerprint,)).fetchone()
-            if row:
-                conn.execute("UPDATE hosts SET last_seen_at=? WHERE id=?", (now, row["id"]))
-                return int(row["id"])
-            cols = ", ".join(fields)
-            marks = ", ".join("?" for _ in fields)
-            cur = conn.execute(
-                f"INSERT INTO hosts (fingerprint, {cols}, first_seen_at, last_seen_at) VALUES (?, {marks}, ?, ?)",
-                (fingerprint, *fields.values(), now, now),
-            )
-            return int(cur.lastrowid or 0)  # an INSERT always sets it
+            return upsert_host_row(conn, info)
 
     def add_source(self, path: str, text: str) -> str:
-        digest = hashlib.sha256(text.encode()).hexdigest()
         with self.transaction() as conn:
-            conn.execute(
-                "INSERT OR IGNORE INTO sources (hash, path, text, first_seen_at) VALUES (?, ?, ?, ?)",
-                (digest, path, text, time.time()),
-            )
-        return digest
+            return insert_source(conn, path, text)
 
     def create_run(self, fields: dict[str, Any]) -> int:
-        fields = dict(fields)
-        fields.setdefault("created_at", time.time())
-        fields.setdefault("launcher_pid", os.getpid())
-        fields.setdefault("launcher_host", socket.gethostname())
-        if isinstance(fields.get("request"), dict):
-            fields["request"] = json.dumps(fields["request"], sort_keys=True)
-        return self._insert("runs", fields)
+        with self.transaction() as conn:
+            return insert_run(conn, run_fields(fields))
 
     def update_run(self, run_id: int, **fields: Any) -> None:
-        if "notes" in fields and not isinstance(fields["notes"], (str, type(None))):
-            fields["notes"] = json.dumps(fields["notes"])
-        sets = ", ".join(f"{k}=?" for k in fields)
         with self.transaction() as conn:
-            conn.execute(f"UPDATE runs SET {sets} WHERE id=?", (*fields.values(), run_id))
+            update_run_row(conn, run_id, fields)
 
     def add_note(self, run_ids: Iterable[int], sentence: str) -> None:
         """Append a sentence to the notes shown with each run's result."""
@@ -365,44 +498,54 @@ class Store(GenerateStore):
                 conn.execute("UPDATE runs SET notes=? WHERE id=?", (json.dumps(notes), run_id))
 
     def add_result(self, run_id: int, variant: str, fields: dict[str, Any]) -> None:
-        fields = {**fields, "run_id": run_id, "variant": variant}
-        if isinstance(fields.get("traffic"), dict):
-            fields["traffic"] = json.dumps(fields["traffic"])
-        cols = ", ".join(fields)
-        marks = ", ".join("?" for _ in fields)
-        updates = ", ".join(f"{k}=excluded.{k}" for k in fields if k not in ("run_id", "variant"))
         with self.transaction() as conn:
-            conn.execute(
-                f"INSERT INTO results ({cols}) VALUES ({marks}) ON CONFLICT(run_id, variant) DO UPDATE SET {updates}",
-                tuple(fields.values()),
-            )
+            upsert_result(conn, run_id, variant, fields)
 
     def add_trials(self, run_id: int, trials: Iterable[dict[str, Any]]) -> None:
-        rows = []
-        for trial in trials:
-            detail = trial.get("detail")
-            rows.append((
-                run_id, trial["trial"], int(bool(trial["correct"])), trial.get("max_abs_error"),
-                trial.get("max_rel_error"), trial.get("worst_rank"), trial.get("message"),
-                json.dumps(detail) if detail is not None else None,
-            ))
         with self.transaction() as conn:
-            conn.executemany(
-                "INSERT OR REPLACE INTO trials (run_id, trial, correct, max_abs_error, max_rel_error, worst_rank, "
-                "message, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows,
-            )
+            upsert_trials(conn, run_id, trials)
 
     def add_kernels(self, run_id: int, kernels: Iterable[dict[str, Any]]) -> None:
-        rows = [
-            (run_id, k["variant"], k["rank"], k["name"], k["category"], k["calls"], k["total_us"],
-             k["mean_us"], k.get("share_fraction"))
-            for k in kernels
-        ]
         with self.transaction() as conn:
-            conn.executemany(
-                "INSERT INTO kernels (run_id, variant, rank, name, category, calls, total_us, mean_us, share_fraction) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows,
+            insert_kernels(conn, run_id, kernels)
+
+    # ---- the batches running now on this database (several writers)
+    def register_batch(self, batch_id: str, *, runs: int) -> None:
+        """This process's batch is running: other batches on the file see it (other_live_batches)."""
+        pid = os.getpid()
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO batches (batch_id, host, pid, pid_start_ticks, started_at, runs) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (batch_id, socket.gethostname(), pid, process_start_ticks(pid), time.time(), runs),
             )
+
+    def end_batch(self, batch_id: str) -> None:
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM batches WHERE batch_id=?", (batch_id,))
+
+    def other_live_batches(self, batch_id: str | None = None) -> list[dict[str, Any]]:
+        """Batches on this machine, other than ``batch_id``, whose launcher still runs: batch_id,
+        pid, started_at, runs. Rows of this host whose process is gone (a launcher killed with
+        kill -9) or whose pid now names another process are stale: ignored and removed. Other
+        hosts' rows are left alone (their liveness cannot be seen from here)."""
+        here = socket.gethostname()
+        rows = [dict(row) for row in self.conn.execute("SELECT * FROM batches WHERE host=? ORDER BY started_at", (here,))]
+        live: list[dict[str, Any]] = []
+        stale: list[dict[str, Any]] = []
+        for row in rows:
+            if row["batch_id"] == batch_id:
+                continue
+            alive = _pid_alive(row["pid"]) and (
+                row["pid_start_ticks"] is None or process_start_ticks(row["pid"]) == row["pid_start_ticks"])
+            (live if alive else stale).append(row)
+        if stale:
+            try:
+                with self.transaction() as conn:
+                    conn.executemany("DELETE FROM batches WHERE batch_id=?", [(row["batch_id"],) for row in stale])
+            except sqlite3.OperationalError:
+                pass  # a read-only look (the file made read-only): stale rows stay ignored
+        return live
 
     def add_calibration(self, host_id: int, rows: Iterable[dict[str, Any]]) -> None:
         now = time.time()
@@ -424,11 +567,8 @@ class Store(GenerateStore):
             )
 
     def _insert(self, table: str, fields: dict[str, Any]) -> int:
-        cols = ", ".join(fields)
-        marks = ", ".join("?" for _ in fields)
         with self.transaction() as conn:
-            cur = conn.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(fields.values()))
-            return int(cur.lastrowid or 0)  # an INSERT always sets it
+            return insert_row(conn, table, fields)
 
     # ----------------------------------------------------------------- reads
     def runs(
