@@ -9,13 +9,12 @@ ends it cleanly with exit status 0.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
 from typing import Any, TextIO
 
-from collectors.sample import GpuSample
+from collectors.sample import GpuSample, sample_dict
 from collectors.telemetry import Telemetry
 from pkb_tui.errors import EXIT_OK
 
@@ -81,10 +80,7 @@ def render_table(latest: dict[int, GpuSample], names: dict[int, str], header: st
 
 
 def sample_record(sample: GpuSample) -> dict[str, Any]:
-    record = {"kind": "sample", **dataclasses.asdict(sample)}
-    record["links"] = [link._asdict() for link in sample.links]  # named tuples: as objects, as before
-    record["ranks"] = [rank._asdict() for rank in sample.ranks]
-    return record
+    return {"kind": "sample", **sample_dict(sample)}
 
 
 def monitor_command(

@@ -118,6 +118,15 @@ class GpuSample:
             self.links = LinkRates(self.links)
 
 
+def sample_dict(sample: GpuSample) -> dict[str, Any]:
+    """A sample as plain data (JSON lines of `monitor --json`, recovery files): its fields, links
+    and ranks as lists of objects."""
+    out = {name: getattr(sample, name) for name in sample.__dataclass_fields__}
+    out["links"] = [link._asdict() for link in sample.links]
+    out["ranks"] = [rank._asdict() for rank in sample.ranks]
+    return out
+
+
 SAMPLE_COLUMNS = (
     "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
     "sm_util_pct", "mem_util_pct", "dram_bw_util_pct", "tensor_active_pct", "power_w", "sm_clock_mhz",

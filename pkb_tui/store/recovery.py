@@ -19,7 +19,6 @@ Format: the first line is the header ``{"recovery": "pkb-tui", "version": 1, "ba
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shlex
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from collectors.sample import sample_dict
 from pkb_tui.errors import EXIT_HARNESS, PkbError
 from pkb_tui.store.samples import insert_run_samples
 from pkb_tui.store.store import (
@@ -286,7 +286,7 @@ class BatchWriter:
             item = self._item_of.get(sample.run_id) if sample.run_id is not None else None
             if item is None:
                 continue
-            row = dataclasses.asdict(sample)
+            row = sample_dict(sample)
             row.pop("run_id")
             rows.append({**row, "item": item})
         for start in range(0, len(rows), SAMPLES_PER_LINE):  # the ring's hour of samples: lines of a few hundred kB
