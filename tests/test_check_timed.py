@@ -58,3 +58,44 @@ def test_a_typical_error_is_caught_when_the_median_is_sampled(monkeypatch) -> No
     lossy = ((blocks / scale).round().clamp(-127, 127) * scale).reshape(-1).to(torch.bfloat16)
     verdict = compare.judge_outputs(lossy, expected, truth, tolerance, "out")
     assert not verdict.correct and "typical" in (verdict.message or ""), verdict.message
+
+
+class _FakeGpu:
+    """Probe waits in us as the judge would see them; time moves only when the judge sleeps."""
+
+    def __init__(self, busy_until: float = 0.0, busy_until_stopped: bool = False, busy_forever: bool = False) -> None:
+        self.now, self.busy_until, self.busy_until_stopped, self.busy_forever = 0.0, busy_until, busy_until_stopped, busy_forever
+        self.stopped = False
+
+    def probe_us(self) -> float:
+        busy = self.busy_forever or self.now < self.busy_until or (self.busy_until_stopped and not self.stopped)
+        return 2_000.0 if busy else 30.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _await(gpu: _FakeGpu):
+    return worker.await_idle_gpu(gpu.probe_us, gpu.stop, sleep=gpu.sleep, clock=lambda: gpu.now)
+
+
+def test_an_idle_gpu_or_one_that_goes_idle_by_itself_lets_the_baseline_be_timed() -> None:
+    for gpu in (_FakeGpu(), _FakeGpu(busy_until=0.2)):
+        assert _await(gpu) is None and not gpu.stopped
+
+
+def test_gpu_work_left_running_by_the_stopped_candidate_fails_it_as_tampering() -> None:
+    gpu = _FakeGpu(busy_until_stopped=True)
+    failure = _await(gpu)
+    assert gpu.stopped and failure is not None and failure.status == "failed"
+    assert "timing tampered" in failure.message
+
+
+def test_a_gpu_busy_with_someone_elses_work_is_an_error_not_the_candidates_fault() -> None:
+    gpu = _FakeGpu(busy_forever=True)
+    failure = _await(gpu)
+    assert failure is not None and failure.status == "error" and worker.GPU_BUSY in failure.message
+    assert not worker._candidate_fault(failure, True)

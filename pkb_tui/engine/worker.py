@@ -90,6 +90,15 @@ _PRIVATE_ENV = ("PKB_EVENT_KEY", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN
 LAUNCHER_STOPPED_LIMIT_S = 30.0  # a launcher stopped this long is taken for gone (a candidate's SIGSTOP)
 
 TIMED_SAMPLE = 8  # timed calls per block also judged one by one (a secret sample)
+# Before a baseline block is timed on a GPU nothing else may run there: a candidate can leave a
+# kernel running after its reply (its runner is stopped, its queued GPU work is not) and slow the
+# baseline timed next. A probe kernel of the judge's own that waits longer than IDLE_PROBE_US (a
+# time slice of another context) means the GPU is busy; the judge waits IDLE_WAIT_S for it to go
+# idle, then kills the candidate's processes and looks again for IDLE_SETTLE_S.
+IDLE_PROBE_US = 1_000.0
+IDLE_WAIT_S = 0.5
+IDLE_SETTLE_S = 2.0
+GPU_BUSY = "the GPU stayed busy with work that is not this run's"
 TRACE_MAX_BYTES = 256 * 2**20  # a profiler trace larger than this stays in the runner's scratch (and goes with it)
 STACK_ELEMENTS = 1 << 25  # timed outputs judged together at most (engine.compare holds float64 copies)
 
@@ -325,6 +334,7 @@ class Rank:
         self._first_item = True
         self._abort_epoch = 0
         self._flush: torch.Tensor | None = None
+        self._probe: torch.Tensor | None = None
         self._sampler = random.Random(secrets.randbits(64))  # which timed calls are judged one by one
         if self.mode == "nccl":
             self.device = torch.device("cuda", self.local_rank)
@@ -746,7 +756,8 @@ class Rank:
 
     def _call(self, runner: RunnerProcess, inputs: list[Any], expected: list[Any], how: str, deadline: float,
               abort: Any, *, check: bool | str = False, poison: int = 0, timed: bool = False,
-              counters: Any = None, _recaptured: bool = False) -> tuple[Block, list[Any], dict[str, Any]]:
+              counters: Any = None, idle_check: RunnerProcess | None = None,
+              _recaptured: bool = False) -> tuple[Block, list[Any], dict[str, Any]]:
         """Write inputs into the runner's arena, have it call once per input set, read the outputs.
 
         Returns the block as the judge timed it, the outputs (values read from the arena, or the
@@ -775,6 +786,11 @@ class Rank:
         except CandidateFailure as exc:
             failure = exc
             self._signal_abort(self.current_item)
+        if failure is None and timed and idle_check is not None and self.device.type == "cuda":
+            # ``idle_check``: the candidate's runner, stopped; nothing of it may still run on the GPU.
+            failure = await_idle_gpu(self._gpu_probe_us, idle_check.close)
+            if failure is not None:
+                self._signal_abort(self.current_item)
         runner.resume()  # the wake-up from SIGSTOP stays outside the timed window
         if timed:
             self.barrier()
@@ -811,7 +827,7 @@ class Rank:
         if any(captured for _, captured, _ in agreed) and not _recaptured:
             # This call captured the graph (its time holds the capture): time a replay instead.
             return self._call(runner, inputs, expected, how, deadline, abort, check=check, poison=poison, timed=timed,
-                              counters=counters, _recaptured=True)
+                              counters=counters, idle_check=idle_check, _recaptured=True)
         arena = runner.arena.tensor
         if reply.get("graph_error"):
             return Block(wall_us, 0.0, len(inputs)), [], reply
@@ -1004,7 +1020,8 @@ class Rank:
                                 continue
                             block, outputs, reply = self._call(
                                 runner, inputs, expected, how, deadline, abort, timed=True,
-                                counters=counters[variant] if how == "eager" else None)
+                                counters=counters[variant] if how == "eager" else None,
+                                idle_check=candidate if variant == "baseline" and candidate_ok else None)
                             if how == "eager" and counters[variant] is not None:
                                 phases[variant].append(counters[variant].stop(calls))
                             if reply.get("graph_error"):
@@ -1164,6 +1181,16 @@ class Rank:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _gpu_probe_us(self) -> float:
+        """How long one tiny kernel of the judge's own takes from launch to done: tens of us on an
+        idle GPU, a time slice (ms) when another process's kernel holds it."""
+        if self._probe is None:
+            self._probe = torch.zeros(1, device=self.device)
+        started = _perf_counter_ns()
+        self._probe.add_(1)
+        torch.cuda.synchronize(self.device)
+        return (_perf_counter_ns() - started) / 1000.0
+
     def _flush_l2(self) -> None:
         """Evict the inputs the judge just wrote from L2, so every timed call reads them cold."""
         if self.device.type != "cuda":
@@ -1172,6 +1199,36 @@ class Rank:
             l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 50 * 2**20)
             self._flush = torch.empty(2 * l2, dtype=torch.uint8, device=self.device)
         self._flush.fill_(0)
+
+
+def await_idle_gpu(probe_us: Any, stop_candidate: Any, *, wait_s: float = IDLE_WAIT_S,
+                   settle_s: float = IDLE_SETTLE_S, sleep: Any = time.sleep, clock: Any = _monotonic) -> CandidateFailure | None:
+    """None when the GPU is idle (``probe_us()``: one probe kernel's wait, the least of three
+    counts). Busy past ``wait_s`` while the candidate is stopped: its processes are ended
+    (``stop_candidate()``), and if the GPU then goes idle the candidate left work running after
+    its calls returned ("timing tampered", failed); if not, something else shares the GPU (error)."""
+    def idle() -> bool:
+        return min(probe_us() for _ in range(3)) < IDLE_PROBE_US
+
+    if idle():
+        return None
+    end = clock() + wait_s
+    while clock() < end:
+        sleep(0.01)
+        if idle():
+            return None
+    stop_candidate()
+    end = clock() + settle_s
+    while True:
+        if idle():
+            return CandidateFailure("failed", "timing tampered: the candidate's GPU work ran on after its calls had "
+                                              "returned (the GPU stayed busy while its processes were stopped, and "
+                                              "went idle once they were killed)")
+        if clock() >= end:
+            return CandidateFailure("error", f"{GPU_BUSY} (probe kernels waited over {IDLE_PROBE_US / 1000:g} ms for "
+                                             f"{wait_s + settle_s:g} s, also once the candidate's processes were "
+                                             "killed): another process is using this GPU")
+        sleep(0.01)
 
 
 def check_timed(outputs: list[Any], expected: list[Any], truths: list[Any], rule: Rule, round_index: int,
@@ -1265,7 +1322,8 @@ def _null_overhead_us(series: dict) -> float:
 def _candidate_fault(failure: CandidateFailure, candidate_timed: bool) -> bool:
     """A failure in timing that is the candidate's (it raised or its process died), so the
     baseline can be timed on without it; a timeout or a baseline runner's failure is not."""
-    return candidate_timed and failure.status == "error" and "baseline" not in failure.message
+    return (candidate_timed and failure.status == "error" and "baseline" not in failure.message
+            and GPU_BUSY not in failure.message)
 
 
 def _during_timing(failure: CandidateFailure) -> CandidateFailure:
