@@ -410,6 +410,16 @@ class Rank:
             return "error", broken[0]
         return status, detail
 
+    def _kill_candidate(self, runner: RunnerProcess) -> None:
+        """End a candidate's runner and whatever of it escaped (a double fork re-parented to us)."""
+        escaped = self._candidate_pids(runner)
+        runner.close()
+        for pid in escaped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
     def _candidate_pids(self, runner: RunnerProcess) -> list[int]:
         """This judge's descendants but the fork server's, and other runners', trees."""
         children = procs.children_by_parent()
@@ -788,7 +798,7 @@ class Rank:
             self._signal_abort(self.current_item)
         if failure is None and timed and idle_check is not None and self.device.type == "cuda":
             # ``idle_check``: the candidate's runner, stopped; nothing of it may still run on the GPU.
-            failure = await_idle_gpu(self._gpu_probe_us, idle_check.close)
+            failure = await_idle_gpu(self._gpu_probe_us, lambda: self._kill_candidate(idle_check))
             if failure is not None:
                 self._signal_abort(self.current_item)
         runner.resume()  # the wake-up from SIGSTOP stays outside the timed window
