@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +99,12 @@ class HostSampler:
     def available(self) -> bool:
         return True
 
-    def set_pids(self, pids: Iterable[int]) -> None:
-        """The rank processes to follow, in rank order (pids[r] is rank r)."""
-        self.pids = list(pids)
+    def set_pids(self, pids: Iterable[int] | Mapping[int, int]) -> None:
+        """The rank processes to follow: in rank order (pids[r] is rank r), or rank -> pid (a node
+        of a multi-node batch follows only its own ranks)."""
+        by_rank = dict(pids) if isinstance(pids, Mapping) else dict(enumerate(pids))
+        self.rank_of = {pid: rank for rank, pid in sorted(by_rank.items())}
+        self.pids = list(self.rank_of)
         self._procs = {p: self._procs.get(p) or _Window() for p in self.pids}
         self._ps_procs = {p: v for p, v in self._ps_procs.items() if p in self.pids}
         now = self.clock()
@@ -127,7 +130,7 @@ class HostSampler:
         return [GpuSample(
             ts=time.time(), gpu=-1, cpu_pct=cpu_pct, host_memory_used_bytes=self._memory_used(now),
             loopback_bytes_per_s=loopback,
-            ranks=[RankCpu(rank, pid, process_cpu_pct[pid]) for rank, pid in enumerate(self.pids)],
+            ranks=[RankCpu(self.rank_of.get(pid, r), pid, process_cpu_pct[pid]) for r, pid in enumerate(self.pids)],
         )]
 
     def close(self) -> None:

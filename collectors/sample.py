@@ -6,6 +6,7 @@ Field names match the samples / link_samples / rank_samples columns of pkb_tui/s
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -48,6 +49,8 @@ class GpuSample:
     links: list[LinkSample] = field(default_factory=list)
     run_id: int | None = None
     ranks: list[RankCpu] = field(default_factory=list)  # host rows only: the run's rank processes
+    host_id: int | None = None  # the host it was taken on, where not the sink's own (another node's)
+    node: int | None = None  # the node rank of a multi-node batch; None on one node
 
 
 SAMPLE_COLUMNS = (
@@ -56,3 +59,17 @@ SAMPLE_COLUMNS = (
     "mem_clock_mhz", "temperature_c", "memory_used_bytes", "cpu_pct", "host_memory_used_bytes",
     "loopback_bytes_per_s",
 )
+
+
+def sample_to_dict(sample: GpuSample) -> dict:
+    """A sample as plain JSON values (a node agent sends its samples to the head this way)."""
+    return dataclasses.asdict(sample)
+
+
+def sample_from_dict(data: dict) -> GpuSample:
+    """The inverse of sample_to_dict; unknown keys are ignored, so the record can grow."""
+    names = {f.name for f in dataclasses.fields(GpuSample)}
+    fields = {k: v for k, v in data.items() if k in names}
+    fields["links"] = [LinkSample(**link) for link in fields.get("links") or []]
+    fields["ranks"] = [RankCpu(**rank) for rank in fields.get("ranks") or []]
+    return GpuSample(**fields)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,7 @@ class Telemetry:
     def set_run(self, run_id: int | None) -> None:
         self._run_id = run_id
 
-    def set_rank_pids(self, pids: Iterable[int]) -> None:
+    def set_rank_pids(self, pids: Iterable[int] | Mapping[int, int]) -> None:
         with self._lock:
             self.host.set_pids(pids)
 

@@ -396,5 +396,12 @@ _V_VIEWS = [
     """,
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS]
+# Multi-node batches (issue 16): each node's agent samples its own host; the node rank tells two
+# nodes on one host (same hosts row) apart. NULL: a one-node batch or the monitor.
+_V_NODES = [
+    "ALTER TABLE samples ADD COLUMN node INTEGER",
+    "ALTER TABLE link_samples ADD COLUMN node INTEGER",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_NODES]
 SCHEMA_VERSION = len(MIGRATIONS)
