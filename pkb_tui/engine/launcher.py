@@ -242,6 +242,8 @@ class Launcher:
             if item.invalid_reason:
                 self._record_invalid(store, states[item.index], item.invalid_reason, on_event)
         self._start_telemetry()
+        if self.telemetry is not None and self.cluster.multi_node:
+            self.telemetry.node = 0  # the head is node 0; the agents' samples carry their own rank
         mps = self._start_mps(mode)
         self._join_key = self.cluster.join_key or secrets.token_bytes(32)
         self._lost = None
