@@ -185,3 +185,72 @@ def test_under_slurm_the_head_starts_the_agents_with_srun_and_a_killed_one_ends_
     assert any(str(tmp_path / "node1" / "pkb-runs") in note for note in notes), notes
     assert not list((tmp_path / "node1").rglob("*.db"))
     assert _none_left(tmp_path) == {}
+
+
+# ---------------------------------------------------------------------------------------- no processes
+def test_the_topology_says_which_pairs_cross_nodes_and_the_roofline_puts_their_bytes_on_the_network() -> None:
+    from pkb_tui.engine import roofline
+    from pkb_tui.engine.topology import Topology
+    from pkb_tui.errors import PkbError
+    from tasks.base import Traffic, bus_factor
+
+    topology = Topology.of(16, 2)
+    assert topology.ranks_per_node == 8 and topology.node_of(7) == 0 and topology.node_of(8) == 1
+    assert topology.same_node(0, 7) and not topology.same_node(7, 8)
+    assert len(topology.cross_node_pairs()) == 8 * 8 and len(topology.pairs()) == 16 * 15 // 2
+    with pytest.raises(PkbError, match="spread evenly"):
+        Topology.of(6, 4)
+    size = 10**9  # an all-reduce of 1 GB: each rank sends 2(n-1)/n of it
+    traffic = Traffic(send_bytes=2 * 15 * size // 16, recv_bytes=2 * 15 * size // 16, memory_bytes=2 * size,
+                      payload_bytes=size, bus_factor=bus_factor("all_reduce", 16))
+    host = {"gpu_model": "NVIDIA H100 80GB HBM3"}
+    one_node = roofline.bandwidths_for(host, {}, "nccl", 16)
+    two_nodes = roofline.with_topology(one_node, topology)
+    assert roofline.with_topology(one_node, Topology.of(16, 1)) == one_node
+    inside = roofline.evaluate(traffic, 10_000.0, one_node, "float32")
+    across = roofline.evaluate(traffic, 10_000.0, two_nodes, "float32")
+    assert inside.bound == "wire" and across.bound == "network"
+    # 8 of a rank's 15 peers are off-node; the node's 8 NICs at 50 GB/s carry what crosses.
+    cross_us = traffic.wire_bytes * 8 / 15 / (8 * roofline.DEFAULT_NETWORK_GBPS * 1e3)
+    assert across.floor_us == pytest.approx(cross_us + (across.latency_us or 0.0))
+    assert "NIC" in across.bandwidth_source
+    calibrated = roofline.with_topology(one_node, topology, {"network_busbw": 25.0})
+    assert calibrated.network_gbps == 25.0 and calibrated.network_source.startswith("calibrated")
+    slower = roofline.evaluate(traffic, 10_000.0, calibrated, "float32")
+    assert slower.bound == "network" and slower.floor_us == pytest.approx(2 * cross_us + (slower.latency_us or 0.0))
+
+
+def test_slurm_host_lists_and_the_allocation_come_from_slurms_environment() -> None:
+    from pkb_tui.engine import slurm
+    from pkb_tui.errors import PkbError
+
+    assert slurm.expand_nodelist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert slurm.expand_nodelist("a[8-10]") == ["a8", "a9", "a10"]
+    alloc = slurm.allocation({"SLURM_JOB_ID": "77", "SLURM_NNODES": "4", "SLURM_NODEID": "2",
+                              "SLURM_JOB_NODELIST": "n[1-4]", slurm.NODE_OFFSET_ENV: "1"})
+    assert (alloc.job_id, alloc.nnodes, alloc.node_rank, alloc.head_host) == ("77", 4, 3, "n1")
+    with pytest.raises(PkbError, match="SLURM allocation"):
+        slurm.allocation({})
+    cmd = slurm.agents_command(alloc, "n1:5000", None)
+    assert cmd[:8] == ["srun", "--nodes", "3", "--ntasks", "3", "--ntasks-per-node", "1", "--relative"]
+    assert cmd[-4:] == ["agent", "--slurm", "--channel", "n1:5000"]
+
+
+def test_a_multi_node_run_without_an_endpoint_or_with_uneven_ranks_is_a_usage_error(cli, tmp_db: Path) -> None:
+    result = cli("run", "--task", "all_reduce", "--model", "baseline", "--mode", "cpu", "--nnodes", "2", "--world-size", "4")
+    assert result.code == 2 and "--rdzv-endpoint" in result.err
+    result = cli("run", "--task", "all_reduce", "--model", "baseline", "--mode", "cpu", "--nnodes", "2",
+                 "--world-size", "3", "--rdzv-endpoint", "127.0.0.1:29999")
+    assert result.code == 2 and "spread evenly" in result.err
+    result = cli("agent", "--rdzv-endpoint", "127.0.0.1:29999")
+    assert result.code == 2 and "--node-rank" in result.err
+
+
+def test_the_agents_clock_offset_is_measured_from_the_quickest_ping() -> None:
+    from pkb_tui.engine.launcher import _Node
+    from pkb_tui.engine.uplink import Peer
+
+    node = _Node(rank=1, peer=Peer(1, "agent", {}, "x", 0.0, 0.0), host="h", pid=1)
+    assert node.clock_offset_s == 0.0 and node.round_trip_s is None
+    node.pings = sorted([(0.010, 0.5), (0.001, 0.25), (0.004, 0.3)])
+    assert node.clock_offset_s == 0.25 and node.round_trip_s == 0.001

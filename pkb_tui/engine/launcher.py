@@ -845,6 +845,8 @@ class Launcher:
         try:
             bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), self._mode,
                                                  request.world_size, latency=getattr(self, "_latency", None))
+            bandwidths = roofline.with_topology(bandwidths, getattr(self, "_topology", None),
+                                                getattr(self, "_calibration", {}))
             result = roofline.evaluate(traffic, median_us, bandwidths, request.dtype)
         except Exception:
             return {}
