@@ -161,9 +161,10 @@ def test_under_slurm_the_head_starts_the_agents_with_srun_and_a_killed_one_ends_
                SLURM_JOB_ID="4242", SLURM_NNODES="2", SLURM_NODEID="0", SLURM_JOB_NODELIST="127.0.0.1")
     env.pop("PKB_JOIN_KEY")  # the head makes one and gives it to srun's tasks only
     db = head / "runs.db"
-    # A correct candidate first, then a hanging one whose node-1 agent is killed while it runs.
+    # A correct candidate first (one that looks for the launcher's keys on its way), then a hanging
+    # one whose node-1 agent is killed while it runs.
     leader = _pkb(["--db", str(db), "run", "--slurm", "--task", "all_reduce", "--model",
-                   f"torch-p2p,{fixture_model('hang')}", *SMALL, "--no-timing", "--timeout", "600",
+                   f"{fixture_model('key-probe')},{fixture_model('hang')}", *SMALL, "--no-timing", "--timeout", "600",
                    "--world-size", "4", "--node-timeout", "5"], head, env)
     try:
         _wait_for_status(db, 1, "running", leader, wait_s=600)
@@ -184,6 +185,41 @@ def test_under_slurm_the_head_starts_the_agents_with_srun_and_a_killed_one_ends_
     assert second["status"] == "error" and "node 1 (" in second["status_detail"], second["status_detail"]
     assert any(str(tmp_path / "node1" / "pkb-runs") in note for note in notes), notes
     assert not list((tmp_path / "node1").rglob("*.db"))
+    # Node 1's agent held the join key and its judges the event key: no candidate could reach either.
+    probes = {node: [line for log in (tmp_path / node).rglob("*.candidate.log")
+                     for line in log.read_text().splitlines() if "keys in reach:" in line]
+              for node in ("node0", "node1")}
+    assert len(probes["node0"]) == len(probes["node1"]) == 2, probes
+    assert all(line.endswith("keys in reach: none") for lines in probes.values() for line in lines), probes
+    assert _none_left(tmp_path) == {}
+
+
+@pytest.mark.timeout(900)
+def test_a_node_that_stops_answering_is_lost_after_the_node_timeout_and_its_ranks_end_when_it_wakes(
+        tmp_path: Path) -> None:
+    head, other = _nodes(tmp_path)
+    port = free_port()
+    env = _env()
+    agent = _pkb(["agent", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"], other, env)
+    db = head / "runs.db"
+    leader = _pkb(["--db", str(db), "run", "--task", "all_reduce", "--model", fixture_model("hang"), *SMALL,
+                   "--no-timing", "--timeout", "600", "--nnodes", "2", "--world-size", "4",
+                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--node-timeout", "5"], head, env)
+    try:
+        _wait_for_status(db, 0, "running", leader)
+        agent.send_signal(signal.SIGSTOP)  # alive but silent: only the heartbeat deadline can tell
+        code, out, err = _finish(leader, 300)
+        with Store(db) as store:
+            (run,) = store.runs(limit=None)
+        assert code == 1, err
+        assert run["status"] == "error"
+        assert "not heard from for 5 s" in run["status_detail"], run["status_detail"]
+        assert _none_left(head, 30) == {}
+    finally:
+        agent.send_signal(signal.SIGCONT)
+        agent_code, _, agent_err = _finish(agent, 120)
+    # Woken, the agent finds the head gone, ends its node's ranks and says so.
+    assert agent_code == 3 and "the launcher is gone" in agent_err, agent_err
     assert _none_left(tmp_path) == {}
 
 

@@ -182,7 +182,7 @@ class Agent:
         threading.Thread(target=self._send_samples, daemon=True, name="pkb-agent-telemetry").start()
 
     def _send_samples(self) -> None:
-        from collectors.sample import sample_to_dict
+        from collectors.sample import sample_to_row
 
         since: float | None = None
         while not self._stop.wait(TELEMETRY_SEND_S):
@@ -194,7 +194,7 @@ class Agent:
                 continue
             since = max(s.ts for s in fresh)
             try:
-                uplink.send({"t": "samples", "rows": [sample_to_dict(s) for s in fresh]})
+                uplink.send({"t": "samples", "rows": [sample_to_row(s) for s in fresh]})
             except UplinkError:
                 return
 

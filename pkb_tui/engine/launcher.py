@@ -398,14 +398,14 @@ class Launcher:
         sink = getattr(self.telemetry, "sink", None)
         if sink is None or not isinstance(rows, list):
             return
-        from collectors.sample import sample_from_dict
+        from collectors.sample import sample_from_row
 
         offset = node.clock_offset_s
         samples = []
         for row in rows[:100_000]:
             try:
-                sample = sample_from_dict(row)
-            except (TypeError, ValueError):
+                sample = sample_from_row(row)
+            except (TypeError, ValueError, IndexError):
                 continue
             sample.ts = float(sample.ts) - offset
             sample.host_id, sample.node, sample.run_id = node.host_id, node.rank, self._run_id
