@@ -124,9 +124,13 @@ def measure(kind: str, count: int, gpus: int, links: int, hz: int, db: Path | No
     send_cpu, sent_bytes = results.get(timeout=60)
     child.join(30)
     server.close()
+    db_bytes = 0
     if conn is not None:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
-    return {"messages": received, "rows": rows, "link_rows": link_rows, "send_cpu_s": send_cpu, "bytes": sent_bytes,
+        assert db is not None
+        db_bytes = db.stat().st_size
+    return {"db_bytes": db_bytes, "messages": received, "rows": rows, "link_rows": link_rows, "send_cpu_s": send_cpu, "bytes": sent_bytes,
             "receive_cpu_s": cpu_receive, "write_cpu_s": cpu_write, "wall_s": wall}
 
 
@@ -158,10 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         send_us, receive_us, write_us = (s[k] / rows * 1e6 for k in ("send_cpu_s", "receive_cpu_s", "write_cpu_s"))
         row_bytes = s["bytes"] / rows
         costs[encoding] = (receive_us, write_us, row_bytes)
+        disk_row_bytes = s["db_bytes"] / rows
         print(f"samples as {encoding}s: {rows} GPU rows with {args.links} links each ({s['link_rows']} link rows) in "
               f"{batches} batches; per GPU row: {row_bytes:.0f} bytes on the wire, agent {send_us:.1f} us CPU "
               f"(JSON + HMAC + send), launcher {receive_us:.1f} us CPU (receive + HMAC + decode) + {write_us:.1f} us "
-              f"CPU (SQLite insert, its {args.links} link rows included)")
+              f"CPU (SQLite insert, its {args.links} link rows included); database {disk_row_bytes:.0f} bytes per "
+              f"GPU row with its links")
     receive_us, write_us, row_bytes = costs["row"]
     gpu_rows_s = args.nodes * args.gpus * args.hz
     head_cpu = gpu_rows_s * (receive_us + write_us) / 1e6
@@ -172,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({gpu_rows_s * row_bytes * 8 / 1e9:.2f} Gb/s)")
     print(f"  head CPU: receive+decode {gpu_rows_s * receive_us / 1e6:.2f} + SQLite {gpu_rows_s * write_us / 1e6:.2f} "
           f"= {head_cpu:.2f} core-seconds per second ({'fits' if head_cpu < 0.5 else 'does NOT fit'} in half a core)")
+    print(f"  database growth: {gpu_rows_s * disk_row_bytes / 1e6:.1f} MB/s raw = "
+          f"{gpu_rows_s * disk_row_bytes * 3600 / 1e9:.1f} GB per hour (raw rows are folded to 1 s after an hour)")
     most_nodes = 0.5 / (args.gpus * args.hz * (receive_us + write_us) / 1e6)
     print(f"  one writer at half a core keeps up with ~{most_nodes:.0f} nodes of {args.gpus} GPUs at {args.hz} Hz")
     return 0

@@ -125,6 +125,11 @@ class Agent:
             self.say(f"the launcher refused this node: {message.get('why')}")
             return 2
         elif kind == "done":
+            if self.batch_dir is not None:
+                from pkb_tui.engine.launcher import remove_old_batches
+
+                self._end_launch()
+                remove_old_batches(self.config.runs_dir, keep=self.batch_dir)
             return 0
         return None
 

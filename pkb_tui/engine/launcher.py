@@ -325,7 +325,8 @@ class Launcher:
             if cancel.is_set():
                 raise KeyboardInterrupt
             for message in server.poll(0.1):
-                self._on_node_message(store, message, joining=True)
+                if self._on_node_message(store, message, joining=True):  # joined, then gone: it may join again
+                    self._nodes = {k: n for k, n in self._nodes.items() if not n.peer.closed}
             if self._agents_proc is not None and self._agents_proc.poll() is not None and set(self._nodes) != wanted:
                 return (f"the agents started with {(self.cluster.agents_command or ['srun'])[0]} exited (code "
                         f"{self._agents_proc.returncode}) before node(s) {_ranks(wanted - set(self._nodes))} "
@@ -933,7 +934,8 @@ def remove_old_batches(runs_dir: Path, keep: Path | None = None, now: float | No
     return removed
 
 
-_BATCH_NAME = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
+# A batch's folder on the head, and on node K of a multi-node batch (engine.agent): <batch>.nodeK.
+_BATCH_NAME = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}(\.node\d+)?")
 
 
 def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, mode: str) -> str | None:
