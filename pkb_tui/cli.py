@@ -826,7 +826,8 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     summary = _run_summary(run)
     if args.json:
         json.dump({**summary, "trials": run["trial_results"], "kernels": run["kernels"], "host": run["host"],
-                   "rank_cpu": run["rank_cpu"]}, out, indent=2, default=_json_default)
+                   "rank_cpu": run["rank_cpu"], "node_telemetry": run["node_telemetry"]},
+                  out, indent=2, default=_json_default)
         out.write("\n")
         return EXIT_OK
     out.write(f"run {run['id']}: {run['task_id']} / {run['model']}  {status_label(run['status'])}\n")
@@ -846,6 +847,12 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     if run["rank_cpu"]:
         out.write("  CPU per rank (mean / peak, 100% = one core): " + ", ".join(
             f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]) + "\n")
+    for node in run["node_telemetry"]:
+        cpu = (f"host CPU {node['host_cpu_mean_pct']:.0f}/{node['host_cpu_max_pct']:.0f}% (mean / peak)"
+               if node["host_cpu_mean_pct"] is not None else "host CPU n/a")
+        nvlink = node["nvlink_tx_mean_bytes_per_s"]
+        links = f", NVLink TX {nvlink / 1e9:.1f} GB/s per GPU (mean)" if nvlink is not None else ""
+        out.write(f"  node {node['node']} ({node['hostname'] or '?'}): {node['samples']} samples, {cpu}{links}\n")
     if run.get("log_path"):
         out.write(f"  log: {run['log_path']}\n")
     from pkb_tui.export import PERFETTO_HINT, trace_files

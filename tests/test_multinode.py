@@ -117,11 +117,15 @@ def test_eight_collectives_at_two_nodes_of_two_ranks_are_judged_into_the_heads_d
         full = store.run(runs[0]["id"])
         # Judge 0 may sit on either node (c10d numbers the nodes as they arrive); the events came anyway.
         assert len([t for t in full["trial_results"] if t["trial"] >= 0]) == 1
+        assert full["results"]["baseline"]["median_us"] > 0 and full["results"]["candidate"]["median_us"] > 0
         assert any("node 1 (" in note and "clock offset" in note for note in full["notes"])
     conn = sqlite3.connect(head / "runs.db")
     nodes_sampled = {row[0] for row in conn.execute("SELECT DISTINCT node FROM samples WHERE run_id IS NOT NULL")}
     conn.close()
     assert nodes_sampled == {0, 1}, "each node's host was sampled into the head's database"
+    shown = _pkb(["--db", str(head / "runs.db"), "show", str(runs[-1]["id"])], head, env)
+    code, out, err = _finish(shown, 60)
+    assert code == 0 and "node 0 (" in out and "node 1 (" in out, err + out
     assert _none_left(tmp_path) == {}
 
 
@@ -290,3 +294,29 @@ def test_the_agents_clock_offset_is_measured_from_the_quickest_ping() -> None:
     assert node.clock_offset_s == 0.0 and node.round_trip_s is None
     node.pings = sorted([(0.010, 0.5), (0.001, 0.25), (0.004, 0.3)])
     assert node.clock_offset_s == 0.25 and node.round_trip_s == 0.001
+
+
+@pytest.mark.timeout(600)
+def test_when_the_head_is_killed_every_node_ends_its_ranks(tmp_path: Path) -> None:
+    head, other = _nodes(tmp_path)
+    port = free_port()
+    env = _env()
+    agent = _pkb(["agent", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"], other, env)
+    db = head / "runs.db"
+    leader = _pkb(["--db", str(db), "run", "--task", "all_reduce", "--model", fixture_model("hang"), *SMALL,
+                   "--no-timing", "--timeout", "600", "--nnodes", "2", "--world-size", "4",
+                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--node-timeout", "5"], head, env)
+    try:
+        _wait_for_status(db, 0, "running", leader)
+        time.sleep(1.0)
+        leader.send_signal(signal.SIGKILL)
+        agent_code, _, agent_err = _finish(agent, 120)
+    finally:
+        for proc in (agent, leader):
+            if proc.poll() is None:
+                proc.kill()
+    assert agent_code == 3 and "the launcher is gone" in agent_err, agent_err
+    assert _none_left(tmp_path) == {}
+    with Store(db) as store:  # found by the next open: the launcher that held it is gone
+        (run,) = store.runs(limit=None)
+    assert run["status"] == "interrupted"
