@@ -185,6 +185,9 @@ def test_under_slurm_the_head_starts_the_agents_with_srun_and_a_killed_one_ends_
     with Store(db) as store:
         first, second = store.runs(limit=None)[::-1]
         notes = store.run(first["id"])["notes"]
+    # The run's log on the head covers every node's ranks: node 1's logs are mirrored to the head.
+    merged = [line for line in Path(first["log_path"]).read_text().splitlines() if "keys in reach:" in line]
+    assert sorted(line.split("]")[0] for line in merged) == ["[rank 0", "[rank 1", "[rank 2", "[rank 3"], merged
     assert first["status"] == "passed", first["status_detail"]
     assert second["status"] == "error" and "node 1 (" in second["status_detail"], second["status_detail"]
     assert any(str(tmp_path / "node1" / "pkb-runs") in note for note in notes), notes
@@ -193,7 +196,7 @@ def test_under_slurm_the_head_starts_the_agents_with_srun_and_a_killed_one_ends_
     probes = {node: [line for log in (tmp_path / node).rglob("*.candidate.log")
                      for line in log.read_text().splitlines() if "keys in reach:" in line]
               for node in ("node0", "node1")}
-    assert len(probes["node0"]) == len(probes["node1"]) == 2, probes
+    assert len(probes["node1"]) == 2 and len(probes["node0"]) == 4, probes  # the head: its own two and node 1's
     assert all(line.endswith("keys in reach: none") for lines in probes.values() for line in lines), probes
     assert _none_left(tmp_path) == {}
 

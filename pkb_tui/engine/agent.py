@@ -11,6 +11,7 @@ this agent dead ends its judges (they watch its pid, as the head's judges watch 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,7 +27,45 @@ from pkb_tui.engine.nodes import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_NODE_TIMEOUT_S,
 from pkb_tui.engine.uplink import Uplink, UplinkError, derive_key
 from pkb_tui.errors import EXIT_HARNESS, PkbError
 
-TELEMETRY_SEND_S = 0.5  # samples go to the head in batches this often
+TELEMETRY_SEND_S = 0.5  # samples and new log lines go to the head in batches this often
+# The ranks' logs the head mirrors beside its own (global ranks: no two nodes write the same name).
+MIRRORED_LOG = re.compile(r"(item\d{3}\.rank\d+(\.candidate|\.baseline)?|baseline\.rank\d+)\.log")
+MIRROR_CHUNK_BYTES = 256 * 1024  # per file and send
+MIRROR_LIMIT_BYTES = 8 * 2**20  # per file: the rest stays on the node (the run's notes say where)
+
+
+class LogMirror:
+    """New bytes of this node's rank logs since the last look (complete lines where it can)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.sent: dict[str, int] = {}
+
+    def take(self) -> dict[str, str]:
+        out = {}
+        try:
+            names = sorted(p.name for p in self.folder.iterdir() if MIRRORED_LOG.fullmatch(p.name))
+        except OSError:
+            return {}
+        for name in names:
+            offset = self.sent.get(name, 0)
+            if offset >= MIRROR_LIMIT_BYTES:
+                continue
+            try:
+                fd = os.open(self.folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                os.lseek(fd, offset, os.SEEK_SET)
+                data = os.read(fd, min(MIRROR_CHUNK_BYTES, MIRROR_LIMIT_BYTES - offset))
+            finally:
+                os.close(fd)
+            if b"\n" in data and len(data) == MIRROR_CHUNK_BYTES:
+                data = data[:data.rindex(b"\n") + 1]
+            if data:
+                self.sent[name] = offset + len(data)
+                out[name] = data.decode(errors="replace")
+        return out
 
 
 @dataclass
@@ -50,6 +89,7 @@ class Agent:
         self.batch_dir: Path | None = None
         self.node_timeout_s = DEFAULT_NODE_TIMEOUT_S
         self.telemetry: Any = None
+        self.mirror: LogMirror | None = None
         self._stop = threading.Event()
 
     def say(self, text: str) -> None:
@@ -76,7 +116,7 @@ class Agent:
         self.uplink = uplink = self.connect()
         self.say(f"joined the batch at {self.config.channel[0]}:{self.config.channel[1]}")
         self._start_telemetry()
-        last_heard = last_beat = time.monotonic()
+        last_heard = last_beat = last_mirror = time.monotonic()
         try:
             while True:
                 try:
@@ -93,6 +133,9 @@ class Agent:
                 elif now - last_heard > self.node_timeout_s:
                     self.say(f"no word from the launcher for {self.node_timeout_s:g} s; ending this node's ranks")
                     return EXIT_HARNESS
+                if self.mirror is not None and now - last_mirror >= TELEMETRY_SEND_S:
+                    last_mirror = now
+                    self._send_logs()
                 if now - last_beat >= HEARTBEAT_S:
                     last_beat = now
                     code = self.proc.poll() if self.proc is not None else None
@@ -117,6 +160,7 @@ class Agent:
             self._start_launch(message)
         elif kind == "end_launch":
             self._end_launch()
+            self._send_logs()  # everything its ranks wrote, before the head merges each run's log
             self.uplink.send({"t": "launch_ended", "launch": message.get("launch")})
         elif kind == "ranks":
             if self.telemetry is not None:
@@ -143,7 +187,10 @@ class Agent:
         if not batch_id.replace("-", "").isalnum():
             raise PkbError(f"the launcher sent a batch id that is not one: {batch_id!r}")
         node_rank = self.config.node_rank
-        self.batch_dir = self.config.runs_dir / f"{batch_id}.node{node_rank}"
+        batch_dir = self.config.runs_dir / f"{batch_id}.node{node_rank}"
+        if batch_dir != self.batch_dir:
+            self.mirror = LogMirror(batch_dir)
+        self.batch_dir = batch_dir
         self.batch_dir.mkdir(parents=True, exist_ok=True)
         spec = dict(message["spec"])
         # The head's clock to ours (the offset it measured: ours minus its), for the first run's deadline.
@@ -171,6 +218,12 @@ class Agent:
                 pass
         if self.batch_dir is not None:
             shutil.rmtree(self.batch_dir / "scratch", ignore_errors=True)
+
+    def _send_logs(self) -> None:
+        if self.mirror is not None and self.uplink is not None:
+            files = self.mirror.take()
+            if files:
+                self.uplink.send({"t": "logs", "files": files})
 
     # ------------------------------------------------------------------ telemetry
     def _start_telemetry(self) -> None:

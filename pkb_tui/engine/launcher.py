@@ -323,7 +323,7 @@ class Launcher:
         deadline = time.monotonic() + self.cluster.join_timeout_s
         while set(self._nodes) != wanted:
             if cancel.is_set():
-                raise KeyboardInterrupt
+                return None  # the batch loop sees the cancel; its runs are recorded as cancelled
             for message in server.poll(0.1):
                 if self._on_node_message(store, message, joining=True):  # joined, then gone: it may join again
                     self._nodes = {k: n for k, n in self._nodes.items() if not n.peer.closed}
@@ -392,7 +392,30 @@ class Launcher:
             node.ended_launch = int(body.get("launch") or 0)
         elif kind == "samples":
             self._store_node_samples(node, body.get("rows"))
+        elif kind == "logs":
+            self._mirror_node_logs(node, body.get("files"))
         return None
+
+    def _mirror_node_logs(self, node: _Node, files: Any) -> None:
+        """A node's rank logs, copied beside the head's own in the batch folder (names checked, no
+        link followed, at most MIRROR_LIMIT_BYTES each), so a run's merged log and a failed rank's
+        own words cover every node."""
+        from pkb_tui.engine.agent import MIRROR_LIMIT_BYTES, MIRRORED_LOG
+
+        if not isinstance(files, dict):
+            return
+        for name, text in files.items():
+            if not isinstance(name, str) or not isinstance(text, str) or not MIRRORED_LOG.fullmatch(name):
+                continue
+            path = self._batch_dir / name
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+            except OSError:
+                continue
+            with os.fdopen(fd, "ab") as f:
+                room = MIRROR_LIMIT_BYTES - f.tell()
+                if room > 0:
+                    f.write(text.encode()[:room])
 
     def _store_node_samples(self, node: _Node, rows: Any) -> None:
         """A node's telemetry into this database (the one writer), on our clock, tagged with its host."""
@@ -699,7 +722,12 @@ class Launcher:
         finally:
             record.close()
         self._kill_tree()
-        self._end_node_launches(launch, store)
+        if self._nodes:
+            self._end_node_launches(launch, store)
+            for item in items:  # the other nodes' logs have come in full: each run's log covers them
+                state = states[item.index]
+                if state.finished and (merged := self._merge_logs(state)) is not None:
+                    store.update_run(state.run_id, log_path=str(merged))
         if outcome is None:
             return []
         status, detail = outcome
