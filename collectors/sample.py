@@ -46,6 +46,8 @@ class GpuSample:
     cpu_pct: float | None = None
     host_memory_used_bytes: float | None = None
     loopback_bytes_per_s: float | None = None
+    nic_tx_bytes_per_s: float | None = None  # host rows: physical NICs and InfiniBand ports together
+    nic_rx_bytes_per_s: float | None = None
     links: list[LinkSample] = field(default_factory=list)
     run_id: int | None = None
     ranks: list[RankCpu] = field(default_factory=list)  # host rows only: the run's rank processes
@@ -57,7 +59,7 @@ SAMPLE_COLUMNS = (
     "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
     "sm_util_pct", "mem_util_pct", "dram_bw_util_pct", "tensor_active_pct", "power_w", "sm_clock_mhz",
     "mem_clock_mhz", "temperature_c", "memory_used_bytes", "cpu_pct", "host_memory_used_bytes",
-    "loopback_bytes_per_s",
+    "loopback_bytes_per_s", "nic_tx_bytes_per_s", "nic_rx_bytes_per_s",
 )
 
 
@@ -91,7 +93,7 @@ def sample_from_row(row: list) -> GpuSample:
     """The inverse of sample_to_row; ValueError for a row that is not one."""
     if not isinstance(row, list) or len(row) != _ROW_WIDTH:
         raise ValueError("not a sample row")
-    sample = GpuSample(float(row[0]), int(row[1]), *row[2:2 + len(SAMPLE_COLUMNS)])
+    sample = GpuSample(float(row[0]), int(row[1]), **dict(zip(SAMPLE_COLUMNS, row[2:2 + len(SAMPLE_COLUMNS)], strict=True)))
     sample.links = [LinkSample(int(k[0]), k[1], k[2]) for k in row[-2]]
     sample.ranks = [RankCpu(int(r[0]), int(r[1]), r[2]) for r in row[-1]]
     return sample

@@ -852,7 +852,10 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
                if node["host_cpu_mean_pct"] is not None else "host CPU n/a")
         nvlink = node["nvlink_tx_mean_bytes_per_s"]
         links = f", NVLink TX {nvlink / 1e9:.1f} GB/s per GPU (mean)" if nvlink is not None else ""
-        out.write(f"  node {node['node']} ({node['hostname'] or '?'}): {node['samples']} samples, {cpu}{links}\n")
+        nic_tx, nic_rx = node["nic_tx_mean_bytes_per_s"], node["nic_rx_mean_bytes_per_s"]
+        nic = (f", NIC {nic_tx / 1e6:.1f} MB/s out / {nic_rx / 1e6:.1f} MB/s in (mean)"
+               if nic_tx is not None and nic_rx is not None else ", NIC n/a")
+        out.write(f"  node {node['node']} ({node['hostname'] or '?'}): {node['samples']} samples, {cpu}{links}{nic}\n")
     if run.get("log_path"):
         out.write(f"  log: {run['log_path']}\n")
     from pkb_tui.export import PERFETTO_HINT, trace_files

@@ -116,40 +116,43 @@ class Agent:
         self.uplink = uplink = self.connect()
         self.say(f"joined the batch at {self.config.channel[0]}:{self.config.channel[1]}")
         self._start_telemetry()
-        last_heard = last_beat = last_mirror = time.monotonic()
+        self._last_heard = self._last_beat = self._last_mirror = time.monotonic()
         try:
             while True:
                 try:
-                    message = uplink.receive(0.2)
+                    done = self._step(uplink)
                 except UplinkError as exc:
                     self.say(f"the launcher is gone ({exc}); ending this node's ranks")
                     return EXIT_HARNESS
-                now = time.monotonic()
-                if message is not None:
-                    last_heard = now
-                    done = self._handle(message)
-                    if done is not None:
-                        return done
-                elif now - last_heard > self.node_timeout_s:
-                    self.say(f"no word from the launcher for {self.node_timeout_s:g} s; ending this node's ranks")
-                    return EXIT_HARNESS
-                if self.mirror is not None and now - last_mirror >= TELEMETRY_SEND_S:
-                    last_mirror = now
-                    self._send_logs()
-                if now - last_beat >= HEARTBEAT_S:
-                    last_beat = now
-                    code = self.proc.poll() if self.proc is not None else None
-                    try:
-                        uplink.send({"t": "beat", "launch": self.launch, "torchrun_exit": code,
-                                     "running": self.proc is not None and code is None})
-                    except UplinkError as exc:
-                        self.say(f"the launcher is gone ({exc}); ending this node's ranks")
-                        return EXIT_HARNESS
+                if done is not None:
+                    return done
         finally:
             self._stop.set()
             self._end_launch()
             self._stop_telemetry()
             uplink.close()
+
+    def _step(self, uplink: Uplink) -> int | None:
+        """One turn of the agent's loop: a message from the head (or none in 0.2 s), the head's
+        deadline, this node's new log bytes, its beat. UplinkError: the head is gone."""
+        message = uplink.receive(0.2)
+        now = time.monotonic()
+        if message is not None:
+            self._last_heard = now
+            done = self._handle(message)
+            if done is not None:
+                return done
+        elif now - self._last_heard > self.node_timeout_s:
+            raise UplinkError(f"no word from it for {self.node_timeout_s:g} s")
+        if self.mirror is not None and now - self._last_mirror >= TELEMETRY_SEND_S:
+            self._last_mirror = now
+            self._send_logs()
+        if now - self._last_beat >= HEARTBEAT_S:
+            self._last_beat = now
+            code = self.proc.poll() if self.proc is not None else None
+            uplink.send({"t": "beat", "launch": self.launch, "torchrun_exit": code,
+                         "running": self.proc is not None and code is None})
+        return None
 
     def _handle(self, message: dict[str, Any]) -> int | None:
         assert self.uplink is not None

@@ -401,6 +401,9 @@ _V_VIEWS = [
 _V_NODES = [
     "ALTER TABLE samples ADD COLUMN node INTEGER",
     "ALTER TABLE link_samples ADD COLUMN node INTEGER",
+    # what crossed to other nodes, from the host's NIC and InfiniBand counters (host rows)
+    "ALTER TABLE samples ADD COLUMN nic_tx_bytes_per_s REAL",
+    "ALTER TABLE samples ADD COLUMN nic_rx_bytes_per_s REAL",
 ]
 
 MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_NODES]
