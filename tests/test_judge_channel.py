@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pkb_tui.engine import channel
+from pkb_tui.engine import channel, uplink
 from pkb_tui.engine import events as ev
 from pkb_tui.engine.logs import read_regular
 from pkb_tui.engine.nodes import create_new
@@ -88,8 +88,17 @@ def test_a_stranger_that_connects_and_says_nothing_does_not_stall_the_launcher(t
     stranger.sendall(b"x" * 5000)  # a hello longer than any real one
     _messages(server, 0.3)
     assert server.rejected == 1 and server.peers() == []
+    # Sockets opened by the hundred (to run the launcher out of descriptors) are closed, oldest first.
+    flood = []
+    for _ in range(100):
+        flood.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        server.poll(0.0)  # the launcher's loop runs all the while
+    _messages(server, 0.5)
+    assert len(server._conns) <= uplink.MAX_PENDING_HELLOS and server.rejected >= 1 + 100 - uplink.MAX_PENDING_HELLOS
     server.close()
     stranger.close()
+    for sock in flood:
+        sock.close()
     # The spec file is still created only where nothing was planted.
     link = tmp_path / "spec.1.json"
     link.symlink_to(tmp_path / "elsewhere")

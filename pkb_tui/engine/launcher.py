@@ -316,9 +316,12 @@ class Launcher:
             env = {**os.environ, "PKB_JOIN_KEY": self._join_key.hex(), "PKB_SLURM_NODE_OFFSET": "1"}
             with os.fdopen(os.open(batch_dir / "agents.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
                                    0o644), "ab") as log:
-                self._agents_proc = subprocess.Popen(
-                    self.cluster.agents_command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, start_new_session=True)
+                try:
+                    self._agents_proc = subprocess.Popen(
+                        self.cluster.agents_command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        env=env, start_new_session=True)
+                except OSError as exc:
+                    return f"could not start the other nodes' agents with {self.cluster.agents_command[0]}: {exc}"
         wanted = set(range(1, self.cluster.nnodes))
         deadline = time.monotonic() + self.cluster.join_timeout_s
         while set(self._nodes) != wanted:

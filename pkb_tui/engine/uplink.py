@@ -30,6 +30,10 @@ from typing import Any
 MAX_LINE_BYTES = 64 * 2**20  # a Timing event with many rounds, a batch of samples
 MAX_HELLO_BYTES = 4096
 HELLO_TIMEOUT_S = 5.0
+# Connections still to say hello: past this many the oldest is closed, so a local process that
+# opens sockets by the thousand (a candidate that found the port) cannot run the launcher out of
+# file descriptors; the judges and agents say hello at once.
+MAX_PENDING_HELLOS = 32
 
 
 class UplinkError(Exception):
@@ -205,8 +209,12 @@ class UplinkServer:
     def _accept(self) -> None:
         try:
             sock, address = self._listener.accept()
-        except (BlockingIOError, InterruptedError):
+        except OSError:  # nothing to accept after all, or out of descriptors: the next poll tries again
             return
+        waiting = [c for c in self._conns.values() if c.session is None]
+        if len(waiting) >= MAX_PENDING_HELLOS:
+            self.rejected += 1
+            self._close(min(waiting, key=lambda c: c.opened), "too many connections waiting to say hello", [])
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._next_id += 1
