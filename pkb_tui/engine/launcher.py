@@ -781,6 +781,7 @@ class Launcher:
                          **({"log_path": str(log_path)} if log_path else {}))
         if request is not None:
             self._store_results(store, state, request)
+        self._run_id = None  # the other nodes' samples that follow belong to no run
         if self.telemetry is not None:
             self.telemetry.set_run(None)
         if on_event is not None:

@@ -529,9 +529,12 @@ class Store(GenerateStore):
             "AVG(CASE WHEN s.gpu = -1 THEN s.nic_tx_bytes_per_s END) AS nic_tx_mean_bytes_per_s, "
             "AVG(CASE WHEN s.gpu = -1 THEN s.nic_rx_bytes_per_s END) AS nic_rx_mean_bytes_per_s, "
             "MIN(s.ts) AS first_ts, MAX(s.ts) AS last_ts "
-            "FROM samples s LEFT JOIN hosts h ON h.id = s.host_id "
+            # the head's own samples carry no host id (its sink starts before the ranks say where
+            # they run): they are on the run's host
+            "FROM samples s LEFT JOIN hosts h ON h.id = COALESCE(s.host_id, "
+            "(SELECT host_id FROM runs WHERE id = ?)) "
             "WHERE s.run_id = ? AND s.node IS NOT NULL GROUP BY s.node ORDER BY s.node",
-            (run_id,),
+            (run_id, run_id),
         )]
 
     def run_rank_cpu(self, run_id: int) -> list[dict[str, Any]]:
