@@ -1,4 +1,4 @@
-"""Host sampler, for machines without NVML (a laptop, CI): CPU, memory, loopback traffic.
+"""Host sampler, for machines without NVML (a laptop, CI): CPU, memory, loopback and NIC traffic.
 
 One GpuSample per call with gpu = -1: overall CPU use (0..100 over all cores), host memory in use,
 and loopback bytes/s (interface 'lo': what gloo moves between ranks on one machine); its ``ranks``
@@ -8,6 +8,10 @@ order (``set_pids``), also kept in ``process_cpu_pct``.
 The kernel counts CPU time in 10 ms jiffies, so rates are taken over a sliding window of about
 half a second whatever the sampling rate: at 100 Hz a 10 ms delta would read 0 % or 100 %.
 Shared-memory traffic between processes is not measurable from outside them, so it is not shown.
+NIC bytes/s (what crosses to other nodes, where NVML has nothing to say): the physical network
+interfaces' counters (those with a device in /sys/class/net) plus InfiniBand ports' data counters
+(/sys/class/infiniband/*/ports/*/counters, in 4-byte words: RDMA traffic, NCCL's over IB, never
+shows in the interfaces' counters).
 psutil is used when importable; otherwise the same counters come from /proc.
 """
 
@@ -16,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +73,11 @@ class HostSampler:
 
     def __init__(
         self, pids: Iterable[int] = (), *, reason: str = NO_GPU_REASON, use_psutil: bool | None = None,
-        proc_root: str | Path = "/proc", clock: Callable[[], float] = time.monotonic,
+        proc_root: str | Path = "/proc", sys_root: str | Path = "/sys", clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.reason = reason
         self.proc = Path(proc_root)
+        self.sys = Path(sys_root)
         self.clock = clock
         self._psutil: Any = None
         if use_psutil is not False:
@@ -86,6 +91,7 @@ class HostSampler:
         self._clk_tck = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._cpu = _Window()
         self._loopback = _Window()
+        self._nic = _Window()
         self._procs: dict[int, _Window] = {}
         self._ps_procs: dict[int, Any] = {}
         self._memory: tuple[float, float | None] | None = None  # (read at, bytes)
@@ -95,13 +101,17 @@ class HostSampler:
         now = self.clock()
         self._cpu.add(now, self._cpu_jiffies())  # first readings, so the next sample has rates
         self._loopback.add(now, self._loopback_tx_bytes())
+        self._nic.add(now, self._nic_bytes())
 
     def available(self) -> bool:
         return True
 
-    def set_pids(self, pids: Iterable[int]) -> None:
-        """The rank processes to follow, in rank order (pids[r] is rank r)."""
-        self.pids = list(pids)
+    def set_pids(self, pids: Iterable[int] | Mapping[int, int]) -> None:
+        """The rank processes to follow: in rank order (pids[r] is rank r), or rank -> pid (a node
+        of a multi-node batch follows only its own ranks)."""
+        by_rank = dict(pids) if isinstance(pids, Mapping) else dict(enumerate(pids))
+        self.rank_of = {pid: rank for rank, pid in sorted(by_rank.items())}
+        self.pids = list(self.rank_of)
         self._procs = {p: self._procs.get(p) or _Window() for p in self.pids}
         self._ps_procs = {p: v for p, v in self._ps_procs.items() if p in self.pids}
         now = self.clock()
@@ -119,6 +129,10 @@ class HostSampler:
         span = self._loopback.add(now, self._loopback_tx_bytes())
         if span is not None:
             loopback = span[1][0] / span[0]
+        nic_tx = nic_rx = None
+        span = self._nic.add(now, self._nic_bytes())
+        if span is not None:
+            nic_tx, nic_rx = span[1][0] / span[0], span[1][1] / span[0]
         process_cpu_pct: dict[int, float | None] = {}
         for pid in self.pids:
             span = self._procs[pid].add(now, self._process_cpu_s(pid))
@@ -126,8 +140,8 @@ class HostSampler:
         self.process_cpu_pct = process_cpu_pct
         return [GpuSample(
             ts=time.time(), gpu=-1, cpu_pct=cpu_pct, host_memory_used_bytes=self._memory_used(now),
-            loopback_bytes_per_s=loopback,
-            ranks=tuple(RankCpu(rank, pid, process_cpu_pct[pid]) for rank, pid in enumerate(self.pids)),
+            loopback_bytes_per_s=loopback, nic_tx_bytes_per_s=nic_tx, nic_rx_bytes_per_s=nic_rx,
+            ranks=tuple(RankCpu(self.rank_of.get(pid, r), pid, process_cpu_pct[pid]) for r, pid in enumerate(self.pids)),
         )]
 
     def close(self) -> None:
@@ -205,3 +219,31 @@ class HostSampler:
             if name.strip() == "lo":
                 return (float(rest.split()[8]),)  # transmit bytes (on lo every byte sent is received)
         return None
+
+    def _nic_bytes(self) -> tuple[float, float] | None:
+        """(transmitted, received) bytes so far over the physical interfaces and InfiniBand ports;
+        None where there is neither."""
+        tx = rx = 0.0
+        found = False
+        text = _read(self.proc / "net" / "dev")
+        for line in (text or "").splitlines()[2:]:
+            name, _, rest = line.partition(":")
+            name = name.strip()
+            fields = rest.split()
+            if name == "lo" or len(fields) < 9 or not (self.sys / "class" / "net" / name / "device").exists():
+                continue  # loopback and virtual interfaces (bridges, veth, tunnels) cross no wire
+            rx, tx, found = rx + float(fields[0]), tx + float(fields[8]), True
+        ports = self.sys / "class" / "infiniband"
+        try:
+            counters = sorted(ports.glob("*/ports/*/counters"))
+        except OSError:
+            counters = []
+        for folder in counters:
+            sent, got = _read(folder / "port_xmit_data"), _read(folder / "port_rcv_data")
+            if sent is None or got is None:
+                continue
+            try:
+                tx, rx, found = tx + 4 * float(sent), rx + 4 * float(got), True
+            except ValueError:
+                continue
+        return (tx, rx) if found else None

@@ -128,6 +128,10 @@ class TelemetryCollector(Collector):
                 ("pkb_host_cpu_pct", "cpu_pct", "Host CPU use (%, all cores; no DCGM counterpart)."),
                 ("pkb_host_memory_used_bytes", "host_memory_used_bytes", "Host memory used (bytes)."),
                 ("pkb_host_loopback_bytes", "loopback_bytes_per_s", "Loopback bytes per second (gloo traffic in cpu mode)."),
+                ("pkb_host_nic_tx_bytes", "nic_tx_bytes_per_s",
+                 "Bytes per second sent by the physical NICs and InfiniBand ports (traffic to other nodes)."),
+                ("pkb_host_nic_rx_bytes", "nic_rx_bytes_per_s",
+                 "Bytes per second received by the physical NICs and InfiniBand ports."),
             ):
                 family = GaugeMetricFamily(name, help_text, labels=["host"])
                 value = getattr(host, column)

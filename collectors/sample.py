@@ -109,9 +109,13 @@ class GpuSample:
     cpu_pct: float | None = None
     host_memory_used_bytes: float | None = None
     loopback_bytes_per_s: float | None = None
+    nic_tx_bytes_per_s: float | None = None  # host rows: physical NICs and InfiniBand ports together
+    nic_rx_bytes_per_s: float | None = None
     links: LinkRates = field(default_factory=LinkRates)  # a list of LinkSample is packed on construction
     run_id: int | None = None
     ranks: Sequence[RankCpu] = ()  # host rows only: the run's rank processes
+    host_id: int | None = None  # the host it was taken on, where not the sink's own (another node's)
+    node: int | None = None  # the node rank of a multi-node batch; None on one node
 
     def __post_init__(self) -> None:
         if not isinstance(self.links, LinkRates):
@@ -119,8 +123,8 @@ class GpuSample:
 
 
 def sample_dict(sample: GpuSample) -> dict[str, Any]:
-    """A sample as plain data (JSON lines of `monitor --json`, recovery files): its fields, links
-    and ranks as lists of objects."""
+    """A sample as plain data (JSON lines of `monitor --json`, recovery files, a node agent's
+    samples): its fields, links and ranks as lists of objects."""
     out = {name: getattr(sample, name) for name in sample.__dataclass_fields__}
     out["links"] = [link._asdict() for link in sample.links]
     out["ranks"] = [rank._asdict() for rank in sample.ranks]
@@ -131,5 +135,36 @@ SAMPLE_COLUMNS = (
     "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
     "sm_util_pct", "mem_util_pct", "dram_bw_util_pct", "tensor_active_pct", "power_w", "sm_clock_mhz",
     "mem_clock_mhz", "temperature_c", "memory_used_bytes", "cpu_pct", "host_memory_used_bytes",
-    "loopback_bytes_per_s",
+    "loopback_bytes_per_s", "nic_tx_bytes_per_s", "nic_rx_bytes_per_s",
 )
+
+
+def sample_from_dict(data: dict) -> GpuSample:
+    """The inverse of sample_dict; unknown keys are ignored, so the record can grow."""
+    names = set(GpuSample.__dataclass_fields__)
+    fields = {k: v for k, v in data.items() if k in names}
+    fields["links"] = LinkRates(LinkSample(**link) for link in fields.get("links") or [])
+    fields["ranks"] = tuple(RankCpu(**rank) for rank in fields.get("ranks") or [])
+    return GpuSample(**fields)
+
+
+def sample_to_row(sample: GpuSample) -> list:
+    """A sample as one compact JSON array (what a node agent sends the head): ts, gpu, the
+    SAMPLE_COLUMNS in order, links as [link, tx, rx], ranks as [rank, pid, cpu]. Measured against
+    sample_dict by bench/uplink_cost.py: the head decodes it several times faster."""
+    return [sample.ts, sample.gpu, *[getattr(sample, c) for c in SAMPLE_COLUMNS],
+            [[k.link, k.tx_bytes_per_s, k.rx_bytes_per_s] for k in sample.links],
+            [[r.rank, r.pid, r.cpu_pct] for r in sample.ranks]]
+
+
+_ROW_WIDTH = 2 + len(SAMPLE_COLUMNS) + 2
+
+
+def sample_from_row(row: list) -> GpuSample:
+    """The inverse of sample_to_row; ValueError for a row that is not one."""
+    if not isinstance(row, list) or len(row) != _ROW_WIDTH:
+        raise ValueError("not a sample row")
+    sample = GpuSample(float(row[0]), int(row[1]), **dict(zip(SAMPLE_COLUMNS, row[2:2 + len(SAMPLE_COLUMNS)], strict=True)))
+    sample.links = LinkRates(LinkSample(int(k[0]), k[1], k[2]) for k in row[-2])
+    sample.ranks = tuple(RankCpu(int(r[0]), int(r[1]), r[2]) for r in row[-1])
+    return sample

@@ -96,11 +96,11 @@ def write_samples(conn: sqlite3.Connection, samples: list[GpuSample], host_id: i
     rank_values: list = []
     extend, extend_links = values.extend, link_values.extend
     for s in samples:
-        extend((s.ts, host_id))
+        extend((s.ts, host_id if s.host_id is None else s.host_id, s.node))
         extend(_sample_fields(s))
         if s.links:
             for link in s.links:
-                extend_links((s.ts, s.run_id, s.gpu, link.link, link.tx_bytes_per_s, link.rx_bytes_per_s))
+                extend_links((s.ts, s.node, s.run_id, s.gpu, link.link, link.tx_bytes_per_s, link.rx_bytes_per_s))
         if s.ranks:
             for rank in s.ranks:
                 rank_values.extend((s.ts, s.run_id, rank.rank, rank.pid, rank.cpu_pct))

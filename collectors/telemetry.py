@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ class Telemetry:
         self.last_sample_cost_us: float | None = None
         self.error: str | None = None
         self._run_id: int | None = None
+        self.node: int | None = None  # stamped on every sample: this node's rank in a multi-node batch
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,7 +86,7 @@ class Telemetry:
     def set_run(self, run_id: int | None) -> None:
         self._run_id = run_id
 
-    def set_rank_pids(self, pids: Iterable[int]) -> None:
+    def set_rank_pids(self, pids: Iterable[int] | Mapping[int, int]) -> None:
         with self._lock:
             self.host.set_pids(pids)
 
@@ -102,9 +103,9 @@ class Telemetry:
                 self._host_sampled_at = now
                 samples += self.host.sample()
         cost_us = (time.perf_counter() - started) * 1e6
-        run_id = self._run_id
+        run_id, node = self._run_id, self.node
         for sample in samples:
-            sample.run_id = run_id
+            sample.run_id, sample.node = run_id, node
         self.ring.append(samples)
         sink = self.sink  # read once: set_recording may swap it from another thread
         if sink is not None:

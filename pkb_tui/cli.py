@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from pkb_tui.engine.modes import MODE_CHOICES
+from pkb_tui.engine.nodes import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_NODE_TIMEOUT_S
 from pkb_tui.errors import EXIT_CANDIDATE_FAILED, EXIT_HARNESS, EXIT_NOT_STORED, EXIT_OK, PkbError
 from pkb_tui.store.statuses import STATUSES, status_label
 
@@ -77,6 +78,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
     run.add_argument("--runs-dir", dest="sub_runs_dir", help=argparse.SUPPRESS)
+    nodes = run.add_argument_group(
+        "several nodes (torchrun's c10d rendezvous; --world-size is every node's ranks together)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="nodes in the batch (default 1)")
+    nodes.add_argument("--node-rank", type=int, default=0,
+                       help="0: this node owns the database and receives every event (the head); "
+                            "1..N-1: join the head's batch as that node (as `pkb-tui agent` does)")
+    _rendezvous_options(nodes)
+    nodes.add_argument("--rdzv-id", help="torchrun's rendezvous id (default: the batch id)")
+    nodes.add_argument("--node-timeout", type=float, default=DEFAULT_NODE_TIMEOUT_S,
+                       help=f"seconds a node may stay silent before it is taken for lost (default {DEFAULT_NODE_TIMEOUT_S:g})")
+    nodes.add_argument("--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT_S,
+                       help=f"seconds for every node's agent to join (default {DEFAULT_JOIN_TIMEOUT_S:g})")
+    nodes.add_argument("--slurm", action="store_true",
+                       help="inside a SLURM allocation: nodes and this node's rank from SLURM's environment, "
+                            "the other nodes' agents started with srun")
+    nodes.add_argument("--agent-runs-dir", help="--slurm: the agents' folder for logs (default ./pkb-runs where srun starts them)")
     _add_pkb_options(run)
     pkb = run.add_argument_group("ParallelKernelBench problems (tasks pkb/<N>_<name>; pkb/all, pkb/1-8 select several)")
     pkb.add_argument("--m", type=int, help="PKB base shape M (rows); overrides --size")
@@ -95,6 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--world-size", type=int, default=4, help="ranks for --traffic (default 4)")
             p.add_argument("--size", default="small", help="size for --traffic (default small)")
             p.add_argument("--dtype", default="float32", help="dtype for --traffic (default float32)")
+
+    agent = sub.add_parser("agent", help="join a multi-node batch as one of its nodes (no database of its own)")
+    agent.add_argument("--node-rank", type=int, default=None, help="this node's rank, 1..N-1 (with --slurm: from SLURM_NODEID)")
+    _rendezvous_options(agent)
+    agent.add_argument("--channel", help="the head's HOST:PORT for its agents (default: the rendezvous port + 1)")
+    agent.add_argument("--slurm", action="store_true", help="this node's rank from SLURM's environment (srun)")
+    agent.add_argument("--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT_S,
+                       help=f"seconds to keep trying to reach the head (default {DEFAULT_JOIN_TIMEOUT_S:g})")
+    agent.add_argument("--no-telemetry", action="store_true", help="send no samples of this host to the head")
+    agent.add_argument("--runs-dir", dest="sub_runs_dir", help=argparse.SUPPRESS)
 
     runs = sub.add_parser("runs", help="run history")
     runs.add_argument("--task")
@@ -208,6 +235,13 @@ def _activate_pkb(args: argparse.Namespace) -> None:
         activate(args.pkb_root)
     if getattr(args, "backend", None):
         os.environ["PKB_BACKEND"] = args.backend
+
+
+def _rendezvous_options(parser: Any) -> None:
+    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                        help="the head node's address and a free port for torchrun's c10d rendezvous")
+    parser.add_argument("--channel-port", type=int, default=None,
+                        help="the head's port for its agents and judge 0 (default: the rendezvous port + 1)")
 
 
 def _basis_option(parser: argparse.ArgumentParser) -> None:
@@ -349,7 +383,10 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         oversubscribe=args.oversubscribe, extra=extra,
         max_host_memory_gib=args.max_host_memory_gib, max_tasks=args.max_tasks,
     )
-    launcher = Launcher(db, runs_dir=args.runs_dir)
+    cluster = _cluster(args)
+    if cluster is None:  # this node joins another's batch: an agent, no database
+        return _agent_of_run(args)
+    launcher = Launcher(db, runs_dir=args.runs_dir, cluster=cluster)
     with Store(launcher.db_path) as store:  # a bad --db fails here, before anything launches
         # Batches on this database are named by the launcher (SharedMachine): not twice here.
         known_batches = [batch["pid"] for batch in store.other_live_batches()]
@@ -404,6 +441,105 @@ def _recovered_runs(recovery_path: Path | None, basis: str) -> list[dict[str, An
         summary = import_recovery(recovery_path, store)
         # Their ids are the throw-away database's: none until they are imported.
         return [{**_run_summary(store.run(run_id, basis=basis)), "id": None} for run_id in summary.run_ids]
+
+
+def _join_key(required: bool) -> bytes | None:
+    text = os.environ.get("PKB_JOIN_KEY", "").strip()
+    if not text:
+        if required:
+            raise PkbError("Set PKB_JOIN_KEY to the head's join key (the same value on every node) to join its batch.")
+        return None
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = text.encode()
+    if len(key) < 16:
+        raise PkbError("PKB_JOIN_KEY is too short: use at least 16 random bytes, e.g. `openssl rand -hex 32`.")
+    return key
+
+
+def _cluster(args: argparse.Namespace) -> Any:
+    """How `run` spreads over nodes: a Cluster for the head (one node included), None when this
+    process is to join another node's batch as its agent."""
+    from pkb_tui.engine.launcher import Cluster
+    from pkb_tui.engine.nodes import free_port
+
+    if args.slurm:
+        from pkb_tui.engine import slurm
+
+        alloc = slurm.allocation()
+        if alloc.node_rank != 0:
+            raise PkbError("Run `pkb-tui run --slurm` once, on the allocation's first node: it starts the other "
+                           "nodes' agents with srun.")
+        if alloc.nnodes == 1:
+            return Cluster()
+        if args.rdzv_endpoint:
+            endpoint = args.rdzv_endpoint
+        else:
+            endpoint = f"{alloc.head_host}:{free_port('0.0.0.0')}"
+        host = endpoint.rpartition(":")[0]
+        channel_port = args.channel_port or free_port("0.0.0.0")
+        agents = slurm.agents_command(alloc, f"{host}:{channel_port}", args.agent_runs_dir)
+        return Cluster(nnodes=alloc.nnodes, rdzv_endpoint=endpoint, rdzv_id=args.rdzv_id or f"slurm-{alloc.job_id}",
+                       channel_port=channel_port, join_key=_join_key(False) or os.urandom(32),
+                       node_timeout_s=args.node_timeout, join_timeout_s=args.join_timeout, agents_command=agents)
+    if args.nnodes < 1:
+        raise PkbError(f"--nnodes must be at least 1 (got {args.nnodes}).")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise PkbError(f"--node-rank must be 0..{args.nnodes - 1} (got {args.node_rank}).")
+    if args.nnodes == 1:
+        return Cluster()
+    if args.node_rank > 0:
+        return None
+    key = _join_key(False)
+    cluster = Cluster(nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                      channel_port=args.channel_port, join_key=key or os.urandom(32),
+                      node_timeout_s=args.node_timeout, join_timeout_s=args.join_timeout)
+    host, _ = cluster.endpoint()
+    if key is None:
+        assert cluster.join_key is not None
+        print(f"pkb-tui: start the other nodes with: PKB_JOIN_KEY={cluster.join_key.hex()} pkb-tui agent "
+              f"--node-rank R --channel {host}:{cluster.uplink_port()}", file=sys.stderr)
+    return cluster
+
+
+def _agent_of_run(args: argparse.Namespace) -> int:
+    """`run --node-rank R` on a node other than the head: the same as `pkb-tui agent`."""
+    from pkb_tui.engine.agent import AgentConfig, run_agent
+
+    channel = _channel_address(args.rdzv_endpoint, args.channel_port, None)
+    return run_agent(AgentConfig(channel=channel, join_key=_join_key(True) or b"", node_rank=args.node_rank,
+                                 runs_dir=args.runs_dir or Path("pkb-runs"), join_timeout_s=args.join_timeout))
+
+
+def _channel_address(rdzv_endpoint: str | None, channel_port: int | None, channel: str | None) -> tuple[str, int]:
+    from pkb_tui.engine.uplink import parse_address
+
+    try:
+        if channel:
+            return parse_address(channel)
+        if rdzv_endpoint:
+            host, port = parse_address(rdzv_endpoint)
+            return host, channel_port or port + 1
+    except ValueError as exc:
+        raise PkbError(f"{exc}; give HOST:PORT.") from None
+    raise PkbError("Give the head's address: --channel HOST:PORT, or --rdzv-endpoint HOST:PORT.")
+
+
+def cmd_agent(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    from pkb_tui.engine.agent import AgentConfig, run_agent
+
+    node_rank = args.node_rank
+    if args.slurm and node_rank is None:
+        from pkb_tui.engine import slurm
+
+        node_rank = slurm.allocation().node_rank
+    if node_rank is None or node_rank < 1:
+        raise PkbError("Give this node's rank with --node-rank R (1 or more: node 0 is the head), or --slurm.")
+    channel = _channel_address(args.rdzv_endpoint, args.channel_port, args.channel)
+    return run_agent(AgentConfig(channel=channel, join_key=_join_key(True) or b"", node_rank=node_rank,
+                                 runs_dir=args.runs_dir or Path("pkb-runs"), join_timeout_s=args.join_timeout,
+                                 telemetry=not args.no_telemetry))
 
 
 def batch_exit_code(runs: list[dict[str, Any]]) -> int:
@@ -755,7 +891,8 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     summary = _run_summary(run)
     if args.json:
         json.dump({**summary, "trials": run["trial_results"], "kernels": run["kernels"], "host": run["host"],
-                   "rank_cpu": run["rank_cpu"]}, out, indent=2, default=_json_default)
+                   "rank_cpu": run["rank_cpu"], "node_telemetry": run["node_telemetry"]},
+                  out, indent=2, default=_json_default)
         out.write("\n")
         return EXIT_OK
     out.write(f"run {run['id']}: {run['task_id']} / {run['model']}  {status_label(run['status'])}\n")
@@ -775,6 +912,15 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     if run["rank_cpu"]:
         out.write("  CPU per rank (mean / peak, 100% = one core): " + ", ".join(
             f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]) + "\n")
+    for node in run["node_telemetry"]:
+        cpu = (f"host CPU {node['host_cpu_mean_pct']:.0f}/{node['host_cpu_max_pct']:.0f}% (mean / peak)"
+               if node["host_cpu_mean_pct"] is not None else "host CPU n/a")
+        nvlink = node["nvlink_tx_mean_bytes_per_s"]
+        links = f", NVLink TX {nvlink / 1e9:.1f} GB/s per GPU (mean)" if nvlink is not None else ""
+        nic_tx, nic_rx = node["nic_tx_mean_bytes_per_s"], node["nic_rx_mean_bytes_per_s"]
+        nic = (f", NIC {nic_tx / 1e6:.1f} MB/s out / {nic_rx / 1e6:.1f} MB/s in (mean)"
+               if nic_tx is not None and nic_rx is not None else ", NIC n/a")
+        out.write(f"  node {node['node']} ({node['hostname'] or '?'}): {node['samples']} samples, {cpu}{links}{nic}\n")
     if run.get("log_path"):
         out.write(f"  log: {run['log_path']}\n")
     from pkb_tui.export import PERFETTO_HINT, trace_files
@@ -948,7 +1094,7 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
 COMMANDS = {
     "run": cmd_run, "tasks": cmd_tasks, "models": cmd_models, "runs": cmd_runs, "show": cmd_show, "rm": cmd_rm,
     "import": cmd_import,
-    "board": cmd_board,
+    "board": cmd_board, "agent": cmd_agent,
     "monitor": cmd_monitor, "calibrate": cmd_calibrate, "export": cmd_export, "query": cmd_query,
 }
 

@@ -190,3 +190,32 @@ def test_the_sampling_thread_never_overlaps_itself(tmp_path):
     assert slow.calls >= 5
     assert slow.most_active == 1
     assert telemetry.error is None
+
+
+def test_nic_bytes_come_from_physical_interfaces_and_infiniband_ports_not_loopback_or_bridges(tmp_path: Path) -> None:
+    proc, sys_root = tmp_path / "proc", tmp_path / "sys"
+    now = [10.0]
+
+    def write(eth_rx: int, eth_tx: int, ib_words_tx: int, ib_words_rx: int) -> None:
+        (proc / "net").mkdir(parents=True, exist_ok=True)
+        (proc / "net" / "dev").write_text(
+            "Inter-|   Receive |  Transmit\n face |bytes packets|bytes packets\n"
+            "    lo: 999 1 0 0 0 0 0 0 999 1 0 0 0 0 0 0\n"
+            f"  eth0: {eth_rx} 1 0 0 0 0 0 0 {eth_tx} 1 0 0 0 0 0 0\n"
+            f" br-a1: {eth_rx * 7} 1 0 0 0 0 0 0 {eth_tx * 7} 1 0 0 0 0 0 0\n")
+        counters = sys_root / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters"
+        counters.mkdir(parents=True, exist_ok=True)
+        (counters / "port_xmit_data").write_text(f"{ib_words_tx}\n")
+        (counters / "port_rcv_data").write_text(f"{ib_words_rx}\n")
+
+    (sys_root / "class" / "net" / "eth0" / "device").mkdir(parents=True)  # a physical NIC; br-a1 has no device
+    write(1_000, 2_000, 100, 200)
+    host = HostSampler(use_psutil=False, proc_root=proc, sys_root=sys_root, clock=lambda: now[0])
+    now[0] = 12.0
+    write(1_000 + 4_000_000, 2_000 + 2_000_000, 100 + 1_000_000, 200 + 500_000)
+    (sample,) = host.sample()
+    # 2 MB/s eth0 out + 4 x 1M words over 2 s from the IB port; the bridge and lo are not counted.
+    assert sample.nic_tx_bytes_per_s == pytest.approx(1_000_000 + 2_000_000)
+    assert sample.nic_rx_bytes_per_s == pytest.approx(2_000_000 + 1_000_000)
+    bare = HostSampler(use_psutil=False, proc_root=tmp_path / "nothing", sys_root=tmp_path / "none")
+    assert bare.sample()[0].nic_tx_bytes_per_s is None  # no counters: n/a, never 0

@@ -1,8 +1,9 @@
-"""The judge's channels on their own: the signed event file the launcher reads, and the pipes and
-shared memory between a judge and its runner."""
+"""The judge's channels on their own: the authenticated uplink to the launcher (engine.uplink), and
+the pipes and shared memory between a judge and its runner."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -10,49 +11,100 @@ from pathlib import Path
 import pytest
 import torch
 
-from pkb_tui.engine import channel
+from pkb_tui.engine import channel, uplink
 from pkb_tui.engine import events as ev
-from pkb_tui.engine.launcher import _create_new, _EventTail
 from pkb_tui.engine.logs import read_regular
+from pkb_tui.engine.nodes import create_new
+from pkb_tui.engine.uplink import Uplink, UplinkError, UplinkServer
 
 KEY = b"k" * 32
 
 
-def test_only_lines_signed_with_the_launch_key_become_events(tmp_path: Path) -> None:
-    path = tmp_path / "events.1.jsonl"
+def _server_and_judge(key: bytes = KEY) -> tuple[UplinkServer, Uplink]:
+    server = UplinkServer({"judge": key})
+    accepted: list[Uplink] = []
+    thread = threading.Thread(target=lambda: accepted.append(Uplink(("127.0.0.1", server.port), key, "judge")))
+    thread.start()
+    while thread.is_alive():
+        server.poll(0.05)
+    return server, accepted[0]
+
+
+def _messages(server: UplinkServer, seconds: float = 0.5) -> list[dict]:
+    import time
+
+    out, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        out += [m.body for m in server.poll(0.05)]
+    return out
+
+
+def test_only_lines_signed_with_the_launch_key_become_events() -> None:
+    server, judge = _server_and_judge()
     real = ev.RunFinished(item=0, status="failed", detail="wrong").to_json()
-    forged = ev.RunFinished(item=0, status="passed").to_json()
-    with open(path, "w") as f:
-        f.write(ev.sign(KEY, real) + "\n")
-        f.write(forged + "\n")                           # unsigned
-        f.write(ev.sign(b"x" * 32, forged) + "\n")       # signed with another key
-        f.write(ev.sign(KEY, real)[:-3] + "abc" + "\n")  # body changed after signing
-    tail = _EventTail(path, KEY)
-    events = tail.read()
-    assert [(e.name, e.status) for e in events] == [("run_finished", "failed")]
-    assert tail.forged == 3
+    judge.send({"t": "event", "event": json.loads(real)})
+    got = [m for m in _messages(server) if m.get("t") == "event"]
+    assert [(e["event"]["event"], e["event"]["status"]) for e in got] == [("run_finished", "failed")]
+    # A line whose body was changed after signing (or replayed out of order) cuts the connection.
+    forged = judge.session.seal({"t": "event", "event": {"event": "run_finished", "item": 0, "status": "failed"}})
+    judge.sock.sendall(forged.replace(b"failed", b"passed"))
+    after = _messages(server)
+    assert [m["t"] for m in after] == ["closed"] and "not signed" in after[0]["why"]
+    assert server.rejected == 1
+    judge.close()
+    # Someone with another key (a candidate guessing) never gets a session.
+    with pytest.raises(UplinkError):
+        _server_and_judge_with_wrong_key(server)
+    server.close()
 
 
-def test_a_link_or_fifo_planted_for_the_event_file_is_not_followed(tmp_path: Path) -> None:
-    target = tmp_path / "elsewhere.jsonl"
-    target.write_text(ev.sign(KEY, ev.RunFinished(item=0, status="passed").to_json()) + "\n")
-    link = tmp_path / "events.1.jsonl"
-    link.symlink_to(target)
-    assert _EventTail(link, KEY).read() == []
-    fifo = tmp_path / "events.2.jsonl"
-    os.mkfifo(fifo)
-    done = threading.Event()
+def _server_and_judge_with_wrong_key(server: UplinkServer) -> None:
+    errors: list[Exception] = []
 
-    def read() -> None:
-        _EventTail(fifo, KEY).read()
-        done.set()
+    def connect() -> None:
+        try:
+            Uplink(("127.0.0.1", server.port), b"x" * 32, "judge", timeout_s=3.0)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
 
-    threading.Thread(target=read, daemon=True).start()
-    assert done.wait(5), "reading a FIFO planted as the event file hung the launcher"
-    assert read_regular(link) == "" and read_regular(fifo) == ""
+    thread = threading.Thread(target=connect)
+    thread.start()
+    while thread.is_alive():
+        server.poll(0.05)
+    if errors:
+        raise errors[0]
+
+
+def test_a_stranger_that_connects_and_says_nothing_does_not_stall_the_launcher(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    server = UplinkServer({"judge": KEY})
+    stranger = socket.create_connection(("127.0.0.1", server.port))
+    stranger.sendall(b"not a hello, and no newline")
+    started = time.monotonic()
+    server.poll(0.1)  # returns: the server never blocks on a connection
+    assert time.monotonic() - started < 5
+    stranger.sendall(b"x" * 5000)  # a hello longer than any real one
+    _messages(server, 0.3)
+    assert server.rejected == 1 and server.peers() == []
+    # Sockets opened by the hundred (to run the launcher out of descriptors) are closed, oldest first.
+    flood = []
+    for _ in range(100):
+        flood.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        server.poll(0.0)  # the launcher's loop runs all the while
+    _messages(server, 0.5)
+    assert len(server._conns) <= uplink.MAX_PENDING_HELLOS and server.rejected >= 1 + 100 - uplink.MAX_PENDING_HELLOS
+    server.close()
+    stranger.close()
+    for sock in flood:
+        sock.close()
+    # The spec file is still created only where nothing was planted.
+    link = tmp_path / "spec.1.json"
+    link.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(FileExistsError):
-        _create_new(link, b"x")  # never written through a planted link
-    assert "passed" in target.read_text()
+        create_new(link, b"x")
+    assert read_regular(link) == ""
 
 
 def test_messages_are_framed_json_and_a_broken_one_is_a_channel_error() -> None:

@@ -1,6 +1,6 @@
 """Worker events: JSON lines, one object per line, typed by "event". Unknown fields are ignored.
 
-Rank 0 writes them to the batch's event file; the launcher reads them, stores what they carry and
+Judge 0 sends them over the uplink (engine.uplink); the launcher receives them, stores what they carry and
 passes them on to whoever watches (the CLI's progress line, the TUI's live screen). ``item`` is the
 index of the (task, model) pair in the batch; the launcher maps it to a run id.
 """
@@ -8,8 +8,6 @@ index of the (task, model) pair in the batch; the launcher maps it to a run id.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -34,7 +32,8 @@ class BatchStarted(Event):
     timings_representative: bool = True
     mps_enabled: bool | None = None
     notes: list[str] = field(default_factory=list)
-    rank_pids: list[int] = field(default_factory=list)  # rank_pids[r]: the process of rank r
+    rank_pids: list[int] = field(default_factory=list)  # rank_pids[r]: the process of rank r (on its node)
+    rank_nodes: list[int] = field(default_factory=list)  # rank_nodes[r]: the node rank rank r runs on
 
 
 @dataclass
@@ -195,18 +194,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Heartbeat, BatchFinished,
     )
 }
-
-
-def sign(key: bytes, line: str) -> str:
-    """An event line as the judge writes it: an HMAC of the JSON, a space, the JSON."""
-    return hmac.new(key, line.encode(), hashlib.sha256).hexdigest() + " " + line
-
-
-def verify(key: bytes, line: str) -> str | None:
-    """The JSON of a signed line, or None when its signature is not the judge's."""
-    mac, _, body = line.partition(" ")
-    expected = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-    return body if hmac.compare_digest(mac, expected) else None
 
 
 def parse_event(line: str) -> Event | None:

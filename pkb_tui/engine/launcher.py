@@ -1,9 +1,11 @@
 """Turns a RunRequest into runs in the database: one torchrun launch for a whole batch.
 
 torchrun (python -m torch.distributed.run) is started as a child process in its own session, with
-an explicit free port. The ranks (engine.worker) stay up for every item of the batch; rank 0
-writes events to a file that this launcher tails, storing what they carry. Only the launcher
-writes run results. A run that hangs past its timeout, or a rank that dies, ends that run as
+an explicit free port (one node) or on torchrun's c10d rendezvous (several nodes: this launcher is
+the head, the node that owns the database; an agent on each other node, engine.agent, starts that
+node's torchrun when told). The ranks (engine.worker) stay up for every item of the batch; judge 0
+sends events over the uplink (engine.uplink) to this launcher, which stores what they carry. Only
+the launcher writes run results; the agents' telemetry reaches the same database through it. A run that hangs past its timeout, or a rank that dies, ends that run as
 timeout / error; the whole process tree is killed, and the rest of the batch goes on in a fresh
 launch. Cancelling (or Ctrl-C) kills the tree and records the run as interrupted.
 """
@@ -15,10 +17,7 @@ import os
 import re
 import secrets
 import shutil
-import socket
-import stat
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -31,8 +30,18 @@ from pkb_tui.engine import events as ev
 from pkb_tui.engine import procs, stats
 from pkb_tui.engine.logs import RANKS_DID_NOT_START, launch_failure_detail, read_regular
 from pkb_tui.engine.modes import check_world_size, choose_mode, timings_representative
+from pkb_tui.engine.nodes import (
+    DEFAULT_JOIN_TIMEOUT_S,
+    DEFAULT_NODE_TIMEOUT_S,
+    HEARTBEAT_S,
+    Rendezvous,
+    is_loopback,
+    start_node_ranks,
+)
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
+from pkb_tui.engine.topology import Topology
+from pkb_tui.engine.uplink import Message, Peer, UplinkServer, derive_key, parse_address
 from pkb_tui.errors import PkbError
 from pkb_tui.store import Store, default_db_path
 from pkb_tui.store.recovery import BatchWriter, RecoverySampleSink, not_stored_sentence
@@ -50,8 +59,64 @@ def judge_grace_s(timeout_s: float) -> float:
     """Beyond a run's timeout, for its judges to end the candidate and report (a quarter of the
     timeout, 5-60 s), so the timeout still bounds the wall time, start-up included."""
     return min(60.0, max(5.0, 0.25 * float(timeout_s)))
-# Never let a rank switch NVLink multicast on (it can take a shared host's GPUs out of service).
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass
+class Cluster:
+    """How a batch spreads over nodes; the default is one node (this one)."""
+
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None  # HOST:PORT of torchrun's c10d rendezvous (hosted by the head)
+    rdzv_id: str | None = None  # default: the batch id
+    channel_port: int | None = None  # the head's uplink port (default: the rendezvous port + 1)
+    join_key: bytes | None = None  # what agents must know to join (PKB_JOIN_KEY); default: random
+    node_timeout_s: float = DEFAULT_NODE_TIMEOUT_S
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    agents_command: list[str] | None = None  # started once the uplink listens (srun under --slurm)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+    def endpoint(self) -> tuple[str, int]:
+        if not self.rdzv_endpoint:
+            raise PkbError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (this node's address and a "
+                           "free port for torchrun's rendezvous), or --slurm inside an allocation.")
+        try:
+            return parse_address(self.rdzv_endpoint)
+        except ValueError as exc:
+            raise PkbError(f"--rdzv-endpoint: {exc}; give HOST:PORT.") from None
+
+    def uplink_port(self) -> int:
+        return self.channel_port if self.channel_port else self.endpoint()[1] + 1
+
+
+@dataclass
+class _Node:
+    """Another node of the batch, as its agent said it is."""
+
+    rank: int
+    peer: Peer
+    host: str
+    pid: int
+    host_id: int | None = None
+    batch_dir: str | None = None
+    torchrun_exit: int | None = None
+    running: bool = False
+    ended_launch: int = 0
+    pings: list[tuple[float, float]] = field(default_factory=list)  # (round trip s, offset s)
+
+    @property
+    def clock_offset_s(self) -> float:
+        """Its clock minus ours, from the ping with the shortest round trip (NTP's rule)."""
+        return min(self.pings)[1] if self.pings else 0.0
+
+    @property
+    def round_trip_s(self) -> float | None:
+        return min(self.pings)[0] if self.pings else None
+
+    def describe(self) -> str:
+        return f"node {self.rank} ({self.host}, agent pid {self.pid})"
 
 
 @dataclass
@@ -95,14 +160,21 @@ class _RunState:
 
 
 class Launcher:
-    def __init__(self, db_path: Path | str | None = None, *, runs_dir: Path | str | None = None) -> None:
+    def __init__(self, db_path: Path | str | None = None, *, runs_dir: Path | str | None = None,
+                 cluster: Cluster | None = None) -> None:
         self.db_path = Path(db_path) if db_path is not None else default_db_path()
-        self.runs_dir = Path(runs_dir) if runs_dir is not None else self.db_path.resolve().parent / "pkb-runs"
+        self.runs_dir = Path(runs_dir).resolve() if runs_dir is not None else self.db_path.resolve().parent / "pkb-runs"
+        self.cluster = cluster or Cluster()
         self.telemetry: Any = None  # a collectors.telemetry.Telemetry while a batch runs
         self._ring: Any = None  # its ring of samples, kept to the batch's end (a database lost at the very end)
         self.skipped: list[str] = []
         self.outcome: BatchOutcome | None = None  # the last batch's, also when run() raised (Ctrl-C)
         self._proc: subprocess.Popen | None = None
+        self._server: UplinkServer | None = None
+        self._nodes: dict[int, _Node] = {}
+        self._agents_proc: subprocess.Popen | None = None
+        self._lost: str | None = None  # a node lost during the batch: nothing more can launch
+        self._run_id: int | None = None  # the run now running (its samples are stamped with it)
 
     # ------------------------------------------------------------------ planning (no processes)
     def plan(self, request: RunRequest) -> list[RunItem]:
@@ -117,8 +189,12 @@ class Launcher:
             raise PkbError(f"--timeout must be positive (got {request.timeout_s}).")
         if request.size not in SIZE_NAMES:
             raise PkbError(f"Unknown size {request.size!r}; choose one of {', '.join(SIZE_NAMES)}.")
-        mode = choose_mode(request.world_size, request.mode)
-        check_world_size(request.world_size, mode, oversubscribe=request.oversubscribe)
+        topology = Topology.of(request.world_size, self.cluster.nnodes)
+        if self.cluster.multi_node:
+            self.cluster.endpoint()  # a missing or malformed endpoint is a usage error now
+        # A mode is chosen and checked per node: each node holds ranks_per_node of the ranks.
+        mode = choose_mode(topology.ranks_per_node, request.mode)
+        check_world_size(topology.ranks_per_node, mode, oversubscribe=request.oversubscribe)
         every = request.tasks == ["all"]
         task_ids = list(all_tasks()) if every else list(dict.fromkeys(request.tasks))
         if not task_ids:
@@ -170,11 +246,13 @@ class Launcher:
         cancel: threading.Event | None = None,
     ) -> BatchOutcome:
         items = self.plan(request)
-        mode = self._mode = choose_mode(request.world_size, request.mode)
+        self._topology = Topology.of(request.world_size, self.cluster.nnodes)
+        mode = self._mode = choose_mode(self._topology.ranks_per_node, request.mode)
         cancel = cancel or threading.Event()
         load_at_start = os.getloadavg()[0]
         self._ring = None
         batch_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self._batch_id = batch_id
         batch_dir = self.runs_dir / batch_id
         batch_dir.mkdir(parents=True, exist_ok=True)
         self._batch_dir = batch_dir
@@ -193,12 +271,27 @@ class Launcher:
             store.close()
             raise
         self._start_telemetry(store)
+        if self.telemetry is not None and self.cluster.multi_node:
+            self.telemetry.node = 0  # the head is node 0; the agents' samples carry their own rank
         mps = self._start_mps(mode)
+        self._join_key = self.cluster.join_key or secrets.token_bytes(32)
+        self._lost = None
         try:
             remaining = [item for item in items if not item.invalid_reason]
+            self._open_uplink()
+            if self.cluster.multi_node and remaining:
+                missing = self._gather_nodes(store, batch_dir, cancel)
+                if missing:
+                    for item in remaining:
+                        self._finish(store, states[item.index], "error", f"{RANKS_DID_NOT_START}: {missing}", on_event)
+                    remaining = []
             launch = 0
             while remaining:
                 if cancel.is_set():
+                    break
+                if self._lost:
+                    for item in remaining:
+                        self._finish(store, states[item.index], "error", f"not run: {self._lost}", on_event)
                     break
                 launch += 1
                 remaining = self._launch(
@@ -209,6 +302,7 @@ class Launcher:
             raise
         finally:
             self._kill_tree()
+            self._release_nodes(store, [s.run_id for s in states.values()])
             for state in states.values():
                 if not state.finished:
                     # A run never started is cancelled, not interrupted: it has no partial result.
@@ -250,6 +344,209 @@ class Launcher:
         if on_event is not None:
             on_event(ev.DatabaseLost(message=message, recovery_path=str(recovery_path) if recovery_path else None), None)
 
+    # ------------------------------------------------------------------ the uplink and the other nodes
+    def _open_uplink(self) -> None:
+        """The server judge 0 and the agents connect to: 127.0.0.1 on one node; across nodes every
+        interface (a loopback rendezvous host keeps it on 127.0.0.1) at the channel port."""
+        if not self.cluster.multi_node:
+            self._server = UplinkServer({"agent": self._join_key}, "127.0.0.1", 0)
+            return
+        host, _ = self.cluster.endpoint()
+        bind = "127.0.0.1" if is_loopback(host) else "0.0.0.0"
+        try:
+            self._server = UplinkServer({"agent": self._join_key}, bind, self.cluster.uplink_port())
+        except OSError as exc:
+            raise PkbError(f"Could not listen for the other nodes on {bind}:{self.cluster.uplink_port()} ({exc}); "
+                           "give a free port with --channel-port.", exit_code=3) from None
+
+    def _gather_nodes(self, store: BatchWriter, batch_dir: Path, cancel: threading.Event) -> str | None:
+        """Wait for every other node's agent to join (starting them first under SLURM); the
+        sentence saying which did not, or None. Each agent's clock is pinged a few times."""
+        server = self._server
+        assert server is not None
+        if self.cluster.agents_command:
+            env = {**os.environ, "PKB_JOIN_KEY": self._join_key.hex(), "PKB_SLURM_NODE_OFFSET": "1"}
+            with os.fdopen(os.open(batch_dir / "agents.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                                   0o644), "ab") as log:
+                try:
+                    self._agents_proc = subprocess.Popen(
+                        self.cluster.agents_command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        env=env, start_new_session=True)
+                except OSError as exc:
+                    return f"could not start the other nodes' agents with {self.cluster.agents_command[0]}: {exc}"
+        wanted = set(range(1, self.cluster.nnodes))
+        deadline = time.monotonic() + self.cluster.join_timeout_s
+        while set(self._nodes) != wanted:
+            if cancel.is_set():
+                return None  # the batch loop sees the cancel; its runs are recorded as cancelled
+            for message in server.poll(0.1):
+                if self._on_node_message(store, message, joining=True):  # joined, then gone: it may join again
+                    self._nodes = {k: n for k, n in self._nodes.items() if not n.peer.closed}
+            if self._agents_proc is not None and self._agents_proc.poll() is not None and set(self._nodes) != wanted:
+                return (f"the agents started with {(self.cluster.agents_command or ['srun'])[0]} exited (code "
+                        f"{self._agents_proc.returncode}) before node(s) {_ranks(wanted - set(self._nodes))} "
+                        f"joined; see {batch_dir / 'agents.log'}")
+            if time.monotonic() > deadline:
+                return (f"node(s) {_ranks(wanted - set(self._nodes))} did not join within "
+                        f"{self.cluster.join_timeout_s:g} s; start `pkb-tui agent` there with this batch's "
+                        "--rdzv-endpoint and PKB_JOIN_KEY")
+        for _ in range(5):  # a first clock offset before the first launch needs it
+            self._ping_nodes()
+            end = time.monotonic() + 0.05
+            while time.monotonic() < end:
+                for message in server.poll(0.01):
+                    self._on_node_message(store, message)
+        return None
+
+    def _on_node_message(self, store: BatchWriter, message: Message, joining: bool = False) -> str | None:
+        """An agent's message; returns a sentence when it says its node is lost."""
+        peer, body = message.peer, message.body
+        if peer.role != "agent":
+            return None
+        kind = body.get("t")
+        node = next((n for n in self._nodes.values() if n.peer is peer), None)
+        if node is None:
+            if kind == "closed" or not joining:
+                return None
+            about = peer.hello
+            try:
+                rank = int(about.get("node_rank"))  # type: ignore[arg-type]  # a bad value is refused below
+            except (TypeError, ValueError):
+                rank = -1
+            why = None
+            if not 0 < rank < self.cluster.nnodes:
+                why = f"its node rank {about.get('node_rank')!r} is not one of 1..{self.cluster.nnodes - 1}"
+            elif rank in self._nodes:
+                why = f"node rank {rank} has joined already ({self._nodes[rank].describe()})"
+            if why is not None:
+                assert self._server is not None
+                self._server.send(peer, {"t": "refused", "why": why})
+                self._server.drop(peer, why)
+                return None
+            host = str(about.get("host") or peer.address)[:200]
+            node = _Node(rank=rank, peer=peer, host=host, pid=int(about.get("pid") or 0))
+            node.host_id = store.upsert_host({"hostname": host})
+            self._nodes[rank] = node
+            return None
+        if kind == "closed":
+            return f"{node.describe()} was lost: {body.get('why')}"
+        if kind == "pong":
+            try:
+                t0, t1, t2 = float(body["t0"]), float(body["t1"]), time.time()
+            except (KeyError, TypeError, ValueError):
+                return None
+            node.pings = sorted([*node.pings, (t2 - t0, t1 - (t0 + t2) / 2)])[:16]
+        elif kind == "beat":
+            if int(body.get("launch") or 0) == getattr(self, "_launch_no", 0):
+                node.torchrun_exit = body.get("torchrun_exit")
+                node.running = bool(body.get("running"))
+        elif kind == "launched":
+            node.batch_dir = str(body.get("batch_dir") or "")[:1000]
+            node.running = True
+        elif kind == "launch_ended":
+            node.ended_launch = int(body.get("launch") or 0)
+        elif kind == "samples":
+            self._store_node_samples(node, body.get("rows"))
+        elif kind == "logs":
+            self._mirror_node_logs(node, body.get("files"))
+        return None
+
+    def _mirror_node_logs(self, node: _Node, files: Any) -> None:
+        """A node's rank logs, copied beside the head's own in the batch folder (names checked, no
+        link followed, at most MIRROR_LIMIT_BYTES each), so a run's merged log and a failed rank's
+        own words cover every node."""
+        from pkb_tui.engine.agent import MIRROR_LIMIT_BYTES, MIRRORED_LOG
+
+        if not isinstance(files, dict):
+            return
+        for name, text in files.items():
+            if not isinstance(name, str) or not isinstance(text, str) or not MIRRORED_LOG.fullmatch(name):
+                continue
+            path = self._batch_dir / name
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+            except OSError:
+                continue
+            with os.fdopen(fd, "ab") as f:
+                room = MIRROR_LIMIT_BYTES - f.tell()
+                if room > 0:
+                    f.write(text.encode()[:room])
+
+    def _store_node_samples(self, node: _Node, rows: Any) -> None:
+        """A node's telemetry into this database (the one writer), on our clock, tagged with its host."""
+        sink = getattr(self.telemetry, "sink", None)
+        if sink is None or not isinstance(rows, list):
+            return
+        from collectors.sample import sample_from_row
+
+        offset = node.clock_offset_s
+        samples = []
+        for row in rows[:100_000]:
+            try:
+                sample = sample_from_row(row)
+            except (TypeError, ValueError, IndexError):
+                continue
+            sample.ts = float(sample.ts) - offset
+            sample.host_id, sample.node, sample.run_id = node.host_id, node.rank, self._run_id
+            samples.append(sample)
+        sink.put(samples)
+
+    def _ping_nodes(self) -> None:
+        assert self._server is not None
+        for node in self._nodes.values():
+            self._server.send(node.peer, {"t": "ping", "t0": time.time()})
+
+    def _send_nodes(self, message: dict[str, Any]) -> None:
+        assert self._server is not None
+        for node in self._nodes.values():
+            self._server.send(node.peer, message)
+
+    def _end_node_launches(self, launch: int, store: BatchWriter) -> None:
+        """Every other node ends its ranks of this launch; wait (briefly) until each says so, so a
+        relaunch never meets ranks of the one before."""
+        if not self._nodes:
+            return
+        self._send_nodes({"t": "end_launch", "launch": launch})
+        deadline = time.monotonic() + 20.0
+        assert self._server is not None
+        while time.monotonic() < deadline and any(n.ended_launch < launch and not n.peer.closed for n in self._nodes.values()):
+            for message in self._server.poll(0.05):
+                lost = self._on_node_message(store, message)
+                if lost and not self._lost:
+                    self._lost = lost
+
+    def _release_nodes(self, store: BatchWriter, run_ids: list[int]) -> None:
+        """The batch is over: the agents go (their ranks with them), the channel closes, and each
+        run's notes say where the other nodes' logs are and their measured clock offsets."""
+        if self._nodes:
+            self._send_nodes({"t": "done"})
+            notes = []
+            for node in sorted(self._nodes.values(), key=lambda n: n.rank):
+                rtt = node.round_trip_s
+                clock = (f"clock offset {node.clock_offset_s * 1e3:+.3f} ms (round trip {rtt * 1e3:.3f} ms, "
+                         "applied to its samples)" if rtt is not None else "clock offset not measured")
+                notes.append(f"{node.describe()}: its ranks' logs in {node.batch_dir or '(no launch)'} on {node.host}; {clock}")
+            try:
+                for note in notes:
+                    store.add_note(run_ids, note)
+            except Exception:  # noqa: BLE001  (notes must not hide the batch's outcome)
+                pass
+        if self._agents_proc is not None:
+            try:
+                self._agents_proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            procs.kill_process_tree(self._agents_proc.pid)
+            try:
+                self._agents_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            self._agents_proc = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        self._nodes = {}
+
     def _record_invalid(
         self, store: BatchWriter, state: _RunState, reason: str, on_event: EventCallback | None = None,
     ) -> None:
@@ -280,7 +577,7 @@ class Launcher:
                 "batch_id": batch_id, "task_id": item.task, "model": item.model, "model_path": item.model_path,
                 "world_size": request.world_size, "mode": mode, "dtype": request.dtype, "size": request.size,
                 "trials": request.trials, "timeout_s": request.timeout_s,
-                "request": {**request.to_dict(), "mode": mode, "item": item.to_dict()},
+                "request": {**request.to_dict(), "mode": mode, "item": item.to_dict(), "nnodes": self.cluster.nnodes},
                 "status": "queued", "baseline_source_hash": baseline_hash, "candidate_source_hash": candidate_hash,
                 "timings_representative": int(timings_representative(mode)),
                 "log_path": str(batch_dir / f"item{item.index:03d}.rank0.log"),
@@ -294,50 +591,47 @@ class Launcher:
         batch_dir: Path, launch: int, mps, on_event: EventCallback | None, cancel: threading.Event,
     ) -> list[RunItem]:
         """One torchrun for these items. Returns the items still to run (after a timeout/crash)."""
-        started_mono = time.monotonic()
-        scratch = batch_dir / "scratch"
-        scratch.mkdir(exist_ok=True)
-        events_path = batch_dir / f"events.{launch}.jsonl"
-        _create_new(events_path, b"")
-        spec_path = batch_dir / f"spec.{launch}.json"
-        _create_new(spec_path, json.dumps({
+        started_at = time.time()
+        server = self._server
+        assert server is not None
+        self._launch_no = launch
+        # Events are signed with a key only the judges and this launcher hold (the judges drop it
+        # from the environment before they start any runner); one per launch, derived from the
+        # batch's join key so that every node's agent derives it too and none is ever sent.
+        event_key = derive_key(self._join_key, f"events {self._batch_id} {launch}")
+        server.set_key("judge", event_key)
+        accepted_from = time.monotonic()  # a judge connection from before this launch is not heard
+        spec = {
             "request": request.to_dict(), "items": [i.to_dict() for i in items], "mode": mode,
-            "events_path": str(events_path), "log_dir": str(batch_dir), "scratch_dir": str(scratch),
-            "launcher_pid": os.getpid(), "heartbeat_s": 1.0,
+            "batch_id": self._batch_id, "heartbeat_s": HEARTBEAT_S,
             # The timeout bounds a run's wall time, the launch's start-up included: the judges
             # count the first run's from here.
-            "launch_started_at": time.time() - (time.monotonic() - started_mono),
-        }).encode())
-        port = _free_port()
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-            "--nproc-per-node", str(request.world_size), "--master-addr", "127.0.0.1",
-            "--master-port", str(port), "--max-restarts", "0", "--monitor-interval", "0.2",
-            "-m", "pkb_tui.engine.worker", str(spec_path),
-        ]
-        env = dict(os.environ)
-        env.update(SAFE_ENV)
-        # Events are signed with a key only the judges and this launcher hold (the judges drop it
-        # from the environment before they start any runner).
-        event_key = secrets.token_bytes(32)
-        env["PKB_EVENT_KEY"] = event_key.hex()
-        env["PYTHONUNBUFFERED"] = "1"
-        env["TMPDIR"] = str(scratch)  # torchrun's torchelastic_* folders are removed with it
-        env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-        if mode == "cpu":
-            env.setdefault("OMP_NUM_THREADS", "1")
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        if mps is not None:
-            env.update(mps.env)
-        launch_log = batch_dir / "launch.log"
-        with os.fdopen(os.open(launch_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "ab") as log:
-            log.write(f"\n=== launch {launch}: {' '.join(cmd)}\n".encode())
-            log.flush()
-            self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, cwd=str(scratch), start_new_session=True,
-            )
-        tail = _EventTail(events_path, event_key)
+            "launch_started_at": started_at,
+        }
+        topology = self._topology
+        rendezvous = None
+        if self.cluster.multi_node:
+            host, port = self.cluster.endpoint()
+            rendezvous = Rendezvous(nnodes=topology.nodes, endpoint=f"{host}:{port}",
+                                    run_id=self.cluster.rdzv_id or self._batch_id, host_store=True, local_addr=host)
+            for node in self._nodes.values():
+                node.torchrun_exit, node.running = None, False
+                assert self._server is not None
+                self._server.send(node.peer, {
+                    "t": "launch", "launch": launch, "batch_id": self._batch_id, "spec": spec,
+                    "nproc": topology.ranks_per_node, "node_timeout_s": self.cluster.node_timeout_s,
+                    "clock_offset_s": node.clock_offset_s,
+                    "rendezvous": {"nnodes": topology.nodes, "endpoint": rendezvous.endpoint, "run_id": rendezvous.run_id},
+                })
+        self._proc = start_node_ranks(
+            batch_dir, launch, {**spec, "launcher": f"127.0.0.1:{server.port}", "launcher_pid": os.getpid()},
+            event_key, nproc=topology.ranks_per_node, node_rank=0, rendezvous=rendezvous,
+            env_extra=mps.env if mps is not None else None,
+        )
+        # The launcher's own record of the events it accepted, one JSON line each after the
+        # sender's place (node:rank); nothing reads it back.
+        record = os.fdopen(os.open(batch_dir / f"events.{launch}.jsonl",
+                                   os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "a", buffering=1)
         pending = {item.index for item in items}
         current: int | None = None
         started = time.monotonic()
@@ -360,14 +654,22 @@ class Launcher:
             state = states.get(item_index) if item_index is not None else None
             if isinstance(event, ev.BatchStarted):
                 self._on_batch_started(store, states, items, event)
+                # CPU use per rank: each node follows its own ranks' processes (pids are per host)
+                nodes = event.rank_nodes or [0] * len(event.rank_pids or [])
+                by_node: dict[int, dict[int, int]] = {}
+                for r, (pid, node_rank) in enumerate(zip(event.rank_pids or [], nodes)):
+                    by_node.setdefault(int(node_rank), {})[r] = int(pid)
                 if self.telemetry is not None:
-                    self.telemetry.set_rank_pids(event.rank_pids)  # CPU use per rank, in rank order
-                rank_of.update({int(pid): r for r, pid in enumerate(event.rank_pids or [])})
+                    self.telemetry.set_rank_pids(by_node.get(0, {}))
+                for node in self._nodes.values():
+                    server.send(node.peer, {"t": "ranks", "pids": by_node.get(node.rank, {})})
+                rank_of.update({pid: r for r, pid in by_node.get(0, {}).items()})
             elif isinstance(event, ev.RunStarted) and state is not None:
                 current, any_run_started = event.item, True
                 state.started = True
                 store.update_run(state.run_id, status="running", started_at=time.time())
                 self._neighbours.look(state)
+                self._run_id = state.run_id
                 if self.telemetry is not None:
                     self.telemetry.set_run(state.run_id)
             elif isinstance(event, ev.TrialResult) and state is not None:
@@ -402,47 +704,89 @@ class Launcher:
             if on_event is not None:
                 on_event(event, run_id)
 
-        outcome: tuple[str, str] | None = None  # (status for the current run, detail)
-        while True:
-            for event in tail.read():
-                handle(event)
-            returncode = self._proc.poll()
-            now = time.monotonic()
-            if returncode is not None:
-                for event in tail.read():
+        def receive(timeout_s: float) -> str | None:
+            """Take what came over the uplink: judge 0's events, the agents' words; a lost node's sentence."""
+            lost = None
+            for message in server.poll(timeout_s):
+                peer, body = message.peer, message.body
+                if peer.role == "agent":
+                    lost = self._on_node_message(store, message) or lost
+                    continue
+                if peer.connected_at < accepted_from or body.get("t") != "event":
+                    continue
+                data = body.get("event")
+                event = ev.parse_event(json.dumps(data)) if isinstance(data, dict) else None
+                if event is not None:
+                    record.write(f"{peer.hello.get('node_rank')}:{peer.hello.get('rank')} {json.dumps(data)}\n")
                     handle(event)
-                if not pending:
+            return lost
+
+        outcome: tuple[str, str] | None = None  # (status for the current run, detail)
+        last_ping = 0.0
+        try:
+            while True:
+                lost = receive(0.05)
+                returncode = self._proc.poll()
+                now = time.monotonic()
+                if lost is None and now - last_ping >= HEARTBEAT_S:
+                    last_ping = now
+                    self._ping_nodes()  # the head's heartbeat to every node, and a clock sample
+                    silent = next((n for n in self._nodes.values()
+                                   if now - n.peer.last_heard > self.cluster.node_timeout_s), None)
+                    if silent is not None:
+                        lost = f"{silent.describe()} was lost: not heard from for {self.cluster.node_timeout_s:g} s"
+                    exited = next((n for n in self._nodes.values() if n.torchrun_exit is not None), None)
+                    if lost is None and exited is not None and pending:
+                        lost_ranks = (f"the ranks on {exited.describe()} exited (torchrun exit code "
+                                      f"{exited.torchrun_exit}) before the batch finished; their logs are in "
+                                      f"{exited.batch_dir} on {exited.host}")
+                        outcome = ("error", lost_ranks)
+                        break
+                if lost is not None:
+                    self._lost = lost
+                    outcome = ("error", f"{lost}; the ranks on every node were stopped")
                     break
-                outcome = ("error", launch_failure_detail(batch_dir, returncode, items=[i.index for i in items]))
-                break
-            if cancel.is_set():
-                outcome = ("interrupted", "cancelled by the user")
-                break
-            if now > deadline:
-                what = "the run" if current is not None else "the ranks' start-up"
-                outcome = ("timeout", f"{what} took longer than its timeout ({request.timeout_s:g} s); the ranks were killed")
-                break
-            if any_run_started and now - last_beat > HEARTBEAT_TIMEOUT_S:
-                outcome = ("timeout", f"no heartbeat from rank 0 for {HEARTBEAT_TIMEOUT_S:g} s; the ranks were killed")
-                break
-            if now - last_look >= 1.0:
-                last_look = now
-                store.check()  # a database deleted or replaced is told at once, not at the next write
-                self._neighbours.look(states[current] if current is not None else None)
-                for pid in procs.children_by_parent().get(self._proc.pid, []):
-                    watched.setdefault(pid, ("a judge", procs.StopWatch(pid)))
-                stopped = next((pid for pid, (_, watch) in watched.items() if watch.stopped_s() > STOPPED_LIMIT_S), None)
-                if stopped is not None:
-                    what = watched[stopped][0]
-                    if stopped in rank_of:
-                        what = f"rank {rank_of[stopped]}'s judge (pid {stopped})"
-                    elif what == "a judge":
-                        what = f"a judge (pid {stopped})"
-                    outcome = ("error", f"{what} was stopped (SIGSTOP or a tracer) for over {STOPPED_LIMIT_S:g} s "
-                                        "by something outside pkb-tui; the ranks were killed")
+                if returncode is not None:
+                    receive(0.0)
+                    if not pending:
+                        break
+                    outcome = ("error", launch_failure_detail(batch_dir, returncode, items=[i.index for i in items]))
                     break
-            time.sleep(0.05)
+                if cancel.is_set():
+                    outcome = ("interrupted", "cancelled by the user")
+                    break
+                if now > deadline:
+                    what = "the run" if current is not None else "the ranks' start-up"
+                    outcome = ("timeout", f"{what} took longer than its timeout ({request.timeout_s:g} s); the ranks were killed")
+                    break
+                if any_run_started and now - last_beat > HEARTBEAT_TIMEOUT_S:
+                    outcome = ("timeout", f"no heartbeat from rank 0 for {HEARTBEAT_TIMEOUT_S:g} s; the ranks were killed")
+                    break
+                if now - last_look >= 1.0:
+                    last_look = now
+                    store.check()  # a database deleted or replaced is told at once, not at the next write
+                    self._neighbours.look(states[current] if current is not None else None)
+                    for pid in procs.children_by_parent().get(self._proc.pid, []):
+                        watched.setdefault(pid, ("a judge", procs.StopWatch(pid)))
+                    stopped = next((pid for pid, (_, watch) in watched.items() if watch.stopped_s() > STOPPED_LIMIT_S), None)
+                    if stopped is not None:
+                        what = watched[stopped][0]
+                        if stopped in rank_of:
+                            what = f"rank {rank_of[stopped]}'s judge (pid {stopped})"
+                        elif what == "a judge":
+                            what = f"a judge (pid {stopped})"
+                        outcome = ("error", f"{what} was stopped (SIGSTOP or a tracer) for over {STOPPED_LIMIT_S:g} s "
+                                            "by something outside pkb-tui; the ranks were killed")
+                        break
+        finally:
+            record.close()
         self._kill_tree()
+        if self._nodes:
+            self._end_node_launches(launch, store)
+            for item in items:  # the other nodes' logs have come in full: each run's log covers them
+                state = states[item.index]
+                if state.finished and (merged := self._merge_logs(state)) is not None:
+                    store.update_run(state.run_id, log_path=str(merged))
         if outcome is None:
             return []
         status, detail = outcome
@@ -497,6 +841,7 @@ class Launcher:
                          **({"log_path": str(log_path)} if log_path else {}))
         if request is not None:
             self._store_results(store, state, request)
+        self._run_id = None  # the other nodes' samples that follow belong to no run
         if self.telemetry is not None:
             self.telemetry.set_run(None)
         if on_event is not None:
@@ -593,6 +938,8 @@ class Launcher:
         try:
             bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), self._mode,
                                                  request.world_size, latency=getattr(self, "_latency", None))
+            bandwidths = roofline.with_topology(bandwidths, getattr(self, "_topology", None),
+                                                getattr(self, "_calibration", {}))
             result = roofline.evaluate(traffic, median_us, bandwidths, request.dtype)
         except Exception:
             return {}
@@ -716,21 +1063,8 @@ def remove_old_batches(runs_dir: Path, keep: Path | None = None, now: float | No
     return removed
 
 
-_BATCH_NAME = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
-
-
-def _create_new(path: Path, data: bytes) -> None:
-    """Create a file the launcher owns in the batch folder: never through a planted link or onto
-    an existing file."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# A batch's folder on the head, and on node K of a multi-node batch (engine.agent): <batch>.nodeK.
+_BATCH_NAME = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}(\.node\d+)?")
 
 
 def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, mode: str) -> str | None:
@@ -746,43 +1080,5 @@ def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, mode: str) -> str
         return None
 
 
-class _EventTail:
-    """Reads complete, correctly signed JSON lines appended to the event file since the last read.
-
-    The file is opened without following links and must be a regular file (a symlink or FIFO
-    planted in its place could otherwise redirect or hang the launcher). Lines whose signature is
-    not the judges' are dropped and counted."""
-
-    def __init__(self, path: Path, key: bytes) -> None:
-        self.path = path
-        self.key = key
-        self.offset = 0
-        self.partial = b""
-        self.forged = 0
-
-    def read(self) -> list[ev.Event]:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return []
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return []
-            os.lseek(fd, self.offset, os.SEEK_SET)
-            data = os.read(fd, 64 * 2**20)
-        finally:
-            os.close(fd)
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        out = []
-        for line in lines:
-            body = ev.verify(self.key, line.decode(errors="replace"))
-            if body is None:
-                self.forged += 1
-                continue
-            event = ev.parse_event(body)
-            if event is not None:
-                out.append(event)
-        return out
+def _ranks(ranks: set[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from pkb_tui.errors import PkbError
 
@@ -51,14 +52,47 @@ def choose_mode(world_size: int, requested: str | None, gpu_count: int | None = 
     return requested
 
 
+@dataclass(frozen=True)
+class Mode:
+    """What a run mode provides, asked of one object instead of comparing mode strings."""
+
+    name: str
+    backend: str  # the ranks' process group: nccl or gloo
+    device_kind: str  # cuda or cpu
+    one_device: bool  # every rank on cuda:0 (shared-gpu), else a device per local rank
+    timings_representative: bool  # only nccl: shared-gpu time-slices one GPU, cpu is gloo on a shared host
+    link_kind: str  # what carries the ranks' bytes on a node, for the roofline
+
+    def device_for(self, local_rank: int) -> str:
+        """The torch device string of a rank (its local rank on its node)."""
+        if self.device_kind == "cpu":
+            return "cpu"
+        return "cuda:0" if self.one_device else f"cuda:{local_rank}"
+
+
+MODE_INFO: dict[str, Mode] = {
+    "nccl": Mode("nccl", "nccl", "cuda", False, True, "nvlink-or-pcie"),
+    "shared-gpu": Mode("shared-gpu", "gloo", "cuda", True, False, "shared-device-memory"),
+    "cpu": Mode("cpu", "gloo", "cpu", False, False, "host-shared-memory"),
+}
+
+
+def mode_info(mode: str) -> Mode:
+    try:
+        return MODE_INFO[mode]
+    except KeyError:
+        raise PkbError(f"Unknown mode {mode!r}; choose one of {', '.join(MODES)} or auto.") from None
+
+
 def backend_for(mode: str) -> str:
-    return "nccl" if mode == "nccl" else "gloo"
+    return mode_info(mode).backend
 
 
 def timings_representative(mode: str) -> bool:
     """Whether a mode's timings stand for the real thing: only nccl. shared-gpu ranks time-slice
     one GPU; cpu is gloo on a shared host (for development, not a measurement)."""
-    return mode == "nccl"
+    return mode_info(mode).timings_representative
+
 def rank_capacity(mode: str, gpu_count: int | None = None, cpu_count: int | None = None) -> tuple[int, str]:
     """The most ranks the mode holds on this box, and the reason (for the error message)."""
     if mode == "cpu":

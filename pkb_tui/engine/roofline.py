@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pkb_tui.engine.modes import CPU_MODE_LABEL
+from pkb_tui.engine.topology import Topology
 from tasks.base import Traffic, bus_factor
 
 
@@ -136,6 +137,28 @@ DEFAULT_LATENCY_SOURCE = (
 )
 
 
+# One 400 Gb/s NIC per GPU (NDR InfiniBand or 400GbE, as on DGX/HGX H100/H200 nodes): 50 GB/s one way.
+DEFAULT_NETWORK_GBPS = 50.0
+DEFAULT_NETWORK_SOURCE = (
+    "datasheet: one 400 Gb/s NIC per GPU (NDR InfiniBand / 400GbE), 50 GB/s one direction; "
+    "no calibration across nodes yet"
+)
+
+
+def with_topology(bandwidths: Bandwidths, topology: Topology | None,
+                  calibration: dict[str, float] | None = None) -> Bandwidths:
+    """The ceilings of a run whose ranks span nodes: the same, plus the network between nodes (a
+    calibrated 'network_busbw' when there is one, else the per-GPU NIC default) and the share of
+    the traffic that crosses it. One node: unchanged."""
+    if topology is None or not topology.multi_node or bandwidths.no_roofline_reason:
+        return bandwidths
+    measured = (calibration or {}).get("network_busbw")
+    network, source = (float(measured), "calibrated (network_busbw)") if measured else (
+        DEFAULT_NETWORK_GBPS, DEFAULT_NETWORK_SOURCE)
+    return replace(bandwidths, network_gbps=network, network_source=source,
+                   cross_node_share=topology.cross_node_share(), ranks_per_node=topology.ranks_per_node)
+
+
 def lookup_gpu(model: str | None) -> GpuSpec | None:
     """The datasheet entry for a GPU model name as NVML/torch report it, or None if unknown."""
     if not model:
@@ -166,6 +189,12 @@ class Bandwidths:
     latency_us: float | None = None  # per-message link latency (alpha); None: no latency term
     latency_source: str = ""
     no_roofline_reason: str | None = None  # set: no floor, fraction or bus bandwidth (cpu mode), and why
+    # Across nodes (engine.topology): the network per GPU (its NIC), one direction, and the share
+    # of the ranks' bytes that must cross it; None / 0 on one node.
+    network_gbps: float | None = None
+    network_source: str = ""
+    cross_node_share: float = 0.0
+    ranks_per_node: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -342,14 +371,25 @@ def evaluate(traffic: Traffic, median_us: float, bandwidths: Bandwidths, dtype: 
     sources: dict[str, str] = {}
     latency_us = None
     bytes_us = 0.0
+    network_us = 0.0
     if traffic.wire_bytes > 0 and bandwidths.link_gbps:
-        bytes_us = traffic.wire_bytes / (bandwidths.link_gbps * 1e3)  # GB/s = 1e3 bytes/us
+        # Across nodes the pairs on other nodes go over the network: their share of a rank's bytes,
+        # which the node's ranks may combine before it crosses (a hierarchical all-reduce does),
+        # over the node's NICs together. So the term stays a floor whatever the algorithm (for an
+        # all-to-all, whose bytes cannot be combined, it is low by the ranks per node).
+        cross_bytes = traffic.wire_bytes * bandwidths.cross_node_share
+        if bandwidths.network_gbps and cross_bytes > 0:
+            network_us = cross_bytes / (bandwidths.ranks_per_node * bandwidths.network_gbps * 1e3)
+        bytes_us = (traffic.wire_bytes - cross_bytes) / (bandwidths.link_gbps * 1e3)  # GB/s = 1e3 bytes/us
         sources["wire"] = bandwidths.link_source
+        if network_us > bytes_us:
+            sources["wire"] = (f"{bandwidths.network_source} ({bandwidths.cross_node_share:.0%} of the bytes "
+                               f"cross nodes, shared by {bandwidths.ranks_per_node} NIC(s) a node)")
         if bandwidths.latency_us:
             messages = max(1, traffic.messages)
             latency_us = bandwidths.latency_us * messages
             sources["wire"] += f"; latency {bandwidths.latency_us:g} us x {messages} message(s): {bandwidths.latency_source}"
-        terms["wire"] = (latency_us or 0.0) + bytes_us
+        terms["wire"] = (latency_us or 0.0) + max(bytes_us, network_us)
     if traffic.memory_bytes > 0 and bandwidths.memory_gbps:
         terms["memory"] = traffic.memory_bytes / (bandwidths.memory_gbps * 1e3)
         sources["memory"] = bandwidths.memory_source
@@ -368,8 +408,10 @@ def evaluate(traffic: Traffic, median_us: float, bandwidths: Bandwidths, dtype: 
     else:
         bound, floor, fraction = None, None, None
         source = bandwidths.link_source if traffic.wire_bytes > 0 else bandwidths.memory_source
-    if bound == "wire" and latency_us is not None and latency_us > bytes_us:
+    if bound == "wire" and latency_us is not None and latency_us > max(bytes_us, network_us):
         bound = "latency"
+    elif bound == "wire" and network_us > bytes_us:
+        bound = "network"
     algo = traffic.payload_bytes / (median_us * 1e3) if (traffic.payload_bytes and valid_time) else None
     # factor 0 (one rank): nothing crossed a link, so there is no bus bandwidth to state
     bus = algo * traffic.bus_factor if (algo is not None and traffic.bus_factor) else None

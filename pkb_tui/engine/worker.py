@@ -9,9 +9,10 @@ in its own process, and times each block of calls with its own clock. A candidat
 (SIGSTOP) whenever it is not serving a command, so it cannot work in the background: not while the
 baseline is timed, not after it said it was done.
 
-Everything a judge learns reaches judge 0 through a gloo control group; only judge 0 writes events
-(JSON lines, each signed with a key only the judges and the launcher hold) to the batch's event
-file, which the launcher reads. So the same path works when ranks sit on other nodes.
+Everything a judge learns reaches judge 0 through a gloo control group; only judge 0 sends events,
+over the uplink (engine.uplink: a TCP connection to the launcher, authenticated with a key only the
+judges and the launcher hold), on one node as across nodes. Each judge watches the process that
+started its node's ranks (the launcher, or the node's agent) and ends itself when that is gone.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ from pkb_tui.engine.compare import (
     tensors_in,
 )
 from pkb_tui.engine.logs import RANKS_DID_NOT_START
-from pkb_tui.engine.modes import backend_for, timings_representative
+from pkb_tui.engine.modes import backend_for, mode_info, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.timing import per_call_us, percentile, reconcile
+from pkb_tui.engine.uplink import Uplink, UplinkError, parse_address
 from tasks.base import Task, load_task
 
 _now = time.time
@@ -80,8 +82,9 @@ MAX_CALLS_PER_BLOCK = {"cuda": 512, "cpu": 16}
 TARGET_BLOCK_US = {"cuda": 5_000.0, "cpu": 5_000.0}
 ARENA_BUDGET_BYTES = {"cuda": 4 * 2**30, "cpu": 512 * 2**20}
 
-# Environment a runner must not inherit: the event key, torchrun's rendezvous, the launcher's pid.
-_PRIVATE_ENV = ("PKB_EVENT_KEY", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE",
+# Environment a runner must not inherit: the event key (and the batch's join key, which a rank is
+# never given: belt and braces), torchrun's rendezvous, the launcher's pid.
+_PRIVATE_ENV = ("PKB_EVENT_KEY", "PKB_JOIN_KEY", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE",
                 "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE")
@@ -316,7 +319,8 @@ class Rank:
         self.master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         self.log_dir = Path(spec["log_dir"])
         self._event_key = bytes.fromhex(os.environ.pop("PKB_EVENT_KEY", "")) or b"unsigned"
-        self._events_file: Any = None
+        self.node_rank = int(os.environ.get("PKB_NODE_RANK", "0") or 0)
+        self.uplink: Uplink | None = None  # judge 0's channel to the launcher
         self._lock = threading.Lock()
         self.current_item: int | None = None
         self.item: RunItem | None = None
@@ -336,38 +340,44 @@ class Rank:
         self._flush: torch.Tensor | None = None
         self._probe: torch.Tensor | None = None
         self._sampler = random.Random(secrets.randbits(64))  # which timed calls are judged one by one
-        if self.mode == "nccl":
-            self.device = torch.device("cuda", self.local_rank)
-        elif self.mode == "shared-gpu":
-            self.device = torch.device("cuda", 0)
-        else:
-            self.device = torch.device("cpu")
+        self.device = torch.device(mode_info(self.mode).device_for(self.local_rank))
 
     # ------------------------------------------------------------------ plumbing
+    def connect_uplink(self) -> None:
+        """Judge 0 opens its channel to the launcher (engine.uplink), wherever the launcher is."""
+        if self.rank != 0:
+            return
+        self.uplink = Uplink(parse_address(str(self.spec["launcher"])), self._event_key, "judge",
+                             {"rank": self.rank, "node_rank": self.node_rank, "pid": os.getpid()})
+
     def emit(self, event: ev.Event) -> None:
         if self.rank != 0:
             return
-        with self._lock:
-            if self._events_file is None:
-                fd = os.open(self.spec["events_path"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-                self._events_file = os.fdopen(fd, "a", buffering=1)
-            self._events_file.write(ev.sign(self._event_key, event.to_json()) + "\n")
-            self._events_file.flush()
+        if self.uplink is None:
+            raise RuntimeError("judge 0 has no channel to the launcher")
+        try:
+            self.uplink.send({"t": "event", "event": json.loads(event.to_json())})
+        except UplinkError as exc:
+            self._launcher_gone(f"its channel broke: {exc}")
+
+    def _launcher_gone(self, why: str) -> None:
+        print(f"pkb: rank {self.rank}: the launcher is gone or stopped ({why}); ending", file=sys.stderr, flush=True)
+        self._end_runners()
+        os._exit(75)
 
     def _watchdog(self) -> None:
-        """Heartbeats for the launcher; and if the launcher died, or has been stopped (SIGSTOP)
+        """Heartbeats for the launcher; and if the process that started this node's ranks (the
+        launcher, or the node's agent: always on this host) died, or has been stopped (SIGSTOP)
         past LAUNCHER_STOPPED_LIMIT_S, end this judge (torchrun then ends the others), so no
-        orphaned ranks run on and no batch hangs on a launcher nobody will wake."""
+        orphaned ranks run on and no batch hangs on a launcher nobody will wake. Judge 0 also
+        ends when its channel to the launcher breaks."""
         launcher_pid = int(self.spec["launcher_pid"])
         interval = float(self.spec.get("heartbeat_s", 1.0))
         launcher = procs.StopWatch(launcher_pid)
         while True:
             time.sleep(interval)
             if not procs.alive(launcher_pid) or launcher.stopped_s() > LAUNCHER_STOPPED_LIMIT_S:
-                print(f"pkb: rank {self.rank}: the launcher (pid {launcher_pid}) is gone or stopped; ending",
-                      file=sys.stderr, flush=True)
-                self._end_runners()
-                os._exit(75)
+                self._launcher_gone(f"pid {launcher_pid} on this node")
             self.emit(ev.Heartbeat(ts=_now(), item=self.current_item))
 
     def _guard(self) -> None:
@@ -472,15 +482,17 @@ class Rank:
         self.secret_seed = int(secret) ^ int(self.request.seed)
         self.store = dist.distributed_c10d._get_default_store()
         self.nonce = hashlib.blake2b(f"{self.secret_seed}".encode(), digest_size=8).hexdigest()
+        self.connect_uplink()
         threading.Thread(target=self._watchdog, daemon=True, name="pkb-watchdog").start()
         threading.Thread(target=self._guard, daemon=True, name="pkb-guard").start()
         host = self.host_facts()
-        pids = self.gather(os.getpid())
+        where = self.gather((os.getpid(), self.node_rank))
         self.emit(ev.BatchStarted(
             world_size=self.world_size, mode=self.mode, host=host,
             timings_representative=timings_representative(self.mode),
             mps_enabled=bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")) if self.mode == "shared-gpu" else None,
-            notes=self.mode_notes(), rank_pids=pids or [],
+            notes=self.mode_notes(), rank_pids=[pid for pid, _ in where or []],
+            rank_nodes=[node for _, node in where or []],
         ))
         try:
             for item in self.items:

@@ -13,10 +13,10 @@ from pathlib import Path
 from collectors.sample import SAMPLE_COLUMNS
 from pkb_tui.store.store import begin_immediate
 
-_SAMPLE_HEAD = f"INSERT INTO samples (ts, host_id, run_id, gpu, {', '.join(SAMPLE_COLUMNS)}) VALUES "
-SAMPLE_WIDTH = 4 + len(SAMPLE_COLUMNS)  # values per samples row, in _SAMPLE_HEAD's order
-_LINK_HEAD = "INSERT INTO link_samples (ts, run_id, gpu, link, tx_bytes_per_s, rx_bytes_per_s) VALUES "
-LINK_WIDTH = 6
+_SAMPLE_HEAD = f"INSERT INTO samples (ts, host_id, node, run_id, gpu, {', '.join(SAMPLE_COLUMNS)}) VALUES "
+SAMPLE_WIDTH = 5 + len(SAMPLE_COLUMNS)  # values per samples row, in _SAMPLE_HEAD's order
+_LINK_HEAD = "INSERT INTO link_samples (ts, node, run_id, gpu, link, tx_bytes_per_s, rx_bytes_per_s) VALUES "
+LINK_WIDTH = 7
 _RANK_HEAD = "INSERT INTO rank_samples (ts, run_id, rank, pid, cpu_pct) VALUES "
 RANK_WIDTH = 5
 _ROWS_PER_STATEMENT = 500  # more buys nothing measurable
@@ -116,14 +116,14 @@ def apply_retention(
     averages = ", ".join(f"AVG({c})" for c in SAMPLE_COLUMNS)
     window = "resolution = 'raw' AND ts >= ? AND ts < ?"
     fold_samples = (
-        f"INSERT INTO samples (ts, host_id, run_id, gpu, resolution, {', '.join(SAMPLE_COLUMNS)}) "
-        f"SELECT AVG(ts), host_id, run_id, gpu, '1s', {averages} FROM samples "
-        f"WHERE {window} GROUP BY host_id, run_id, gpu, CAST(ts AS INTEGER)"
+        f"INSERT INTO samples (ts, host_id, node, run_id, gpu, resolution, {', '.join(SAMPLE_COLUMNS)}) "
+        f"SELECT AVG(ts), host_id, node, run_id, gpu, '1s', {averages} FROM samples "
+        f"WHERE {window} GROUP BY host_id, node, run_id, gpu, CAST(ts AS INTEGER)"
     )
     fold_links = (
-        "INSERT INTO link_samples (ts, run_id, gpu, link, resolution, tx_bytes_per_s, rx_bytes_per_s) "
-        "SELECT AVG(ts), run_id, gpu, link, '1s', AVG(tx_bytes_per_s), AVG(rx_bytes_per_s) FROM link_samples "
-        f"WHERE {window} GROUP BY run_id, gpu, link, CAST(ts AS INTEGER)"
+        "INSERT INTO link_samples (ts, node, run_id, gpu, link, resolution, tx_bytes_per_s, rx_bytes_per_s) "
+        "SELECT AVG(ts), node, run_id, gpu, link, '1s', AVG(tx_bytes_per_s), AVG(rx_bytes_per_s) FROM link_samples "
+        f"WHERE {window} GROUP BY node, run_id, gpu, link, CAST(ts AS INTEGER)"
     )
     fold_ranks = (
         "INSERT INTO rank_samples (ts, run_id, rank, pid, resolution, cpu_pct) "

@@ -417,5 +417,15 @@ _V_BATCHES = [
     "CREATE UNIQUE INDEX runs_batch_item ON runs(batch_id, item_index) WHERE item_index IS NOT NULL",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_BATCHES]
+# Multi-node batches (issue 16): each node's agent samples its own host; the node rank tells two
+# nodes on one host (same hosts row) apart. NULL: a one-node batch or the monitor.
+_V_NODES = [
+    "ALTER TABLE samples ADD COLUMN node INTEGER",
+    "ALTER TABLE link_samples ADD COLUMN node INTEGER",
+    # what crossed to other nodes, from the host's NIC and InfiniBand counters (host rows)
+    "ALTER TABLE samples ADD COLUMN nic_tx_bytes_per_s REAL",
+    "ALTER TABLE samples ADD COLUMN nic_rx_bytes_per_s REAL",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_BATCHES, _V_NODES]
 SCHEMA_VERSION = len(MIGRATIONS)

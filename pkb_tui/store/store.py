@@ -652,7 +652,30 @@ class Store(GenerateStore):
         host = self.conn.execute("SELECT * FROM hosts WHERE id=?", (run["host_id"],)).fetchone() if run["host_id"] else None
         run["host"] = dict(host) if host else None
         run["rank_cpu"] = self.run_rank_cpu(run_id)
+        run["node_telemetry"] = self.run_node_telemetry(run_id)
         return run
+
+    def run_node_telemetry(self, run_id: int) -> list[dict[str, Any]]:
+        """Per node of a multi-node run (samples.node set): its host, how many samples it sent while
+        the run was current, the host's mean / peak CPU and mean NIC rates (to other nodes), and
+        its GPUs' mean NVLink and PCIe rates (None where not measured: a CPU node, a host without
+        NIC counters). Empty for a one-node run."""
+        return [dict(row) for row in self.conn.execute(
+            "SELECT s.node, h.hostname, COUNT(*) AS samples, "
+            "AVG(CASE WHEN s.gpu = -1 THEN s.cpu_pct END) AS host_cpu_mean_pct, "
+            "MAX(CASE WHEN s.gpu = -1 THEN s.cpu_pct END) AS host_cpu_max_pct, "
+            "AVG(CASE WHEN s.gpu >= 0 THEN s.nvlink_tx_bytes_per_s END) AS nvlink_tx_mean_bytes_per_s, "
+            "AVG(CASE WHEN s.gpu >= 0 THEN s.pcie_tx_bytes_per_s END) AS pcie_tx_mean_bytes_per_s, "
+            "AVG(CASE WHEN s.gpu = -1 THEN s.nic_tx_bytes_per_s END) AS nic_tx_mean_bytes_per_s, "
+            "AVG(CASE WHEN s.gpu = -1 THEN s.nic_rx_bytes_per_s END) AS nic_rx_mean_bytes_per_s, "
+            "MIN(s.ts) AS first_ts, MAX(s.ts) AS last_ts "
+            # the head's own samples carry no host id (its sink starts before the ranks say where
+            # they run): they are on the run's host
+            "FROM samples s LEFT JOIN hosts h ON h.id = COALESCE(s.host_id, "
+            "(SELECT host_id FROM runs WHERE id = ?)) "
+            "WHERE s.run_id = ? AND s.node IS NOT NULL GROUP BY s.node ORDER BY s.node",
+            (run_id, run_id),
+        )]
 
     def run_rank_cpu(self, run_id: int) -> list[dict[str, Any]]:
         """CPU use of each rank process while the run was current (100 = one full core): mean and
