@@ -885,6 +885,7 @@ def _measurement_note(mode: str) -> str | None:
 
 def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from pkb_tui.store import Store
+    from pkb_tui.store.store import node_telemetry_line
 
     with Store(db) as store:
         run = store.run(args.run_id, basis=args.speedup_basis)
@@ -913,14 +914,7 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         out.write("  CPU per rank (mean / peak, 100% = one core): " + ", ".join(
             f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]) + "\n")
     for node in run["node_telemetry"]:
-        cpu = (f"host CPU {node['host_cpu_mean_pct']:.0f}/{node['host_cpu_max_pct']:.0f}% (mean / peak)"
-               if node["host_cpu_mean_pct"] is not None else "host CPU n/a")
-        nvlink = node["nvlink_tx_mean_bytes_per_s"]
-        links = f", NVLink TX {nvlink / 1e9:.1f} GB/s per GPU (mean)" if nvlink is not None else ""
-        nic_tx, nic_rx = node["nic_tx_mean_bytes_per_s"], node["nic_rx_mean_bytes_per_s"]
-        nic = (f", NIC {nic_tx / 1e6:.1f} MB/s out / {nic_rx / 1e6:.1f} MB/s in (mean)"
-               if nic_tx is not None and nic_rx is not None else ", NIC n/a")
-        out.write(f"  node {node['node']} ({node['hostname'] or '?'}): {node['samples']} samples, {cpu}{links}{nic}\n")
+        out.write(f"  {node_telemetry_line(node)}\n")
     if run.get("log_path"):
         out.write(f"  log: {run['log_path']}\n")
     from pkb_tui.export import PERFETTO_HINT, trace_files

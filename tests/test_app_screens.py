@@ -638,3 +638,27 @@ def test_a_database_damaged_past_its_header_closes_the_app_with_one_sentence(tmp
 
     asyncio.run(main())
     assert app.return_code == 3 and app._exception is None  # closed with the sentence, no traceback
+
+
+def test_result_says_what_each_node_of_a_multi_node_run_sampled(seeded):
+    from collectors.sample import GpuSample
+    from collectors.sink import write_samples
+    from pkb_tui.store import Store
+
+    db, ids = seeded
+    with Store(db) as store:
+        other = store.upsert_host({"hostname": "node-b"})
+        write_samples(store.conn, [
+            GpuSample(ts=1000.0 + i, gpu=-1, cpu_pct=40.0 + 10 * node, nic_tx_bytes_per_s=2e6, nic_rx_bytes_per_s=3e6,
+                      run_id=ids[1], node=node, host_id=other if node else None)
+            for i in range(5) for node in (0, 1)
+        ])
+    app = PkbApp(config=app_config(db, chart_refresh_s=0.0))
+
+    async def body(pilot):
+        app.open_result(ids[1])
+        await pilot.pause()
+        text = screen_text(app)
+        assert "node 1 (node-b): 5 samples, host CPU 50/50%" in text, text
+        assert "node 0 (" in text and "NIC 2.0 MB/s out / 3.0 MB/s in" in text
+    drive(app, body, size=(160, 50))

@@ -813,3 +813,15 @@ class Store(GenerateStore):
         """Changes whenever another connection (the launcher, the sample sink) commits: screens
         use it to skip reloading when nothing was written since they last looked."""
         return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def node_telemetry_line(node: dict[str, Any]) -> str:
+    """One node of Store.run_node_telemetry in words, as `pkb-tui show` and the Result screen say it."""
+    cpu = (f"host CPU {node['host_cpu_mean_pct']:.0f}/{node['host_cpu_max_pct']:.0f}% (mean / peak)"
+           if node["host_cpu_mean_pct"] is not None else "host CPU n/a")
+    nvlink = node["nvlink_tx_mean_bytes_per_s"]
+    links = f", NVLink TX {nvlink / 1e9:.1f} GB/s per GPU (mean)" if nvlink is not None else ""
+    nic_tx, nic_rx = node["nic_tx_mean_bytes_per_s"], node["nic_rx_mean_bytes_per_s"]
+    nic = (f", NIC {nic_tx / 1e6:.1f} MB/s out / {nic_rx / 1e6:.1f} MB/s in (mean)"
+           if nic_tx is not None and nic_rx is not None else ", NIC n/a")
+    return f"node {node['node']} ({node['hostname'] or '?'}): {node['samples']} samples, {cpu}{links}{nic}"

@@ -35,6 +35,7 @@ from pkb_tui.app.widgets.chart import PlotextChart
 from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.engine.modes import CPU_MODE_LABEL
 from pkb_tui.errors import PkbError
+from pkb_tui.store.store import node_telemetry_line
 
 if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
@@ -347,6 +348,8 @@ class ResultScreen(Screen):
         if run.get("rank_cpu"):
             head.append(Text("CPU per rank, mean/peak (100% = one core): " + "  ".join(
                 f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]), style="dim"))
+        for node in run.get("node_telemetry") or []:  # a multi-node run: what each node sampled
+            head.append(Text(node_telemetry_line(node), style="dim"))
         if run.get("log_path"):
             head.append(Text(f"log: {run['log_path']}", style="dim"))
         from pkb_tui.export import PERFETTO_HINT, trace_files
