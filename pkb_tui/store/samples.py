@@ -74,23 +74,25 @@ def insert_sample_rows(conn: sqlite3.Connection, sample_values: list, link_value
 
 def insert_run_samples(conn: sqlite3.Connection, run_id: int, samples: list[dict]) -> int:
     """A run's samples as a recovery file holds them (GpuSample fields, links and ranks as lists of
-    dicts), inside the caller's transaction; a sample whose (gpu, ts) the run already has is left
+    dicts), inside the caller's transaction; a sample whose (node, gpu, ts) the run already has is left
     out, so importing a file twice, or a file whose first samples did reach the database, adds
     each sample once. Returns the samples added."""
-    have = {(row[0], row[1]) for row in conn.execute("SELECT gpu, ts FROM samples WHERE run_id = ?", (run_id,))}
+    have = {tuple(row) for row in conn.execute("SELECT node, gpu, ts FROM samples WHERE run_id = ?", (run_id,))}
     values: list = []
     link_values: list = []
     rank_values: list = []
     added = 0
     for sample in samples:
-        key = (sample["gpu"], sample["ts"])
+        node = sample.get("node")
+        key = (node, sample["gpu"], sample["ts"])
         if key in have:
             continue
         have.add(key)
         added += 1
-        values += [sample["ts"], None, run_id, sample["gpu"], *(sample.get(c) for c in SAMPLE_COLUMNS)]
+        # host_id None: the run's host (a host id of the lost database means nothing here)
+        values += [sample["ts"], None, node, run_id, sample["gpu"], *(sample.get(c) for c in SAMPLE_COLUMNS)]
         for link in sample.get("links") or []:
-            link_values += [sample["ts"], run_id, sample["gpu"], link["link"], link.get("tx_bytes_per_s"),
+            link_values += [sample["ts"], node, run_id, sample["gpu"], link["link"], link.get("tx_bytes_per_s"),
                             link.get("rx_bytes_per_s")]
         for rank in sample.get("ranks") or []:
             rank_values += [sample["ts"], run_id, rank["rank"], rank.get("pid"), rank.get("cpu_pct")]
