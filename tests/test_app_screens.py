@@ -662,3 +662,26 @@ def test_result_says_what_each_node_of_a_multi_node_run_sampled(seeded):
         assert "node 1 (node-b): 5 samples, host CPU 50/50%" in text, text
         assert "node 0 (" in text and "NIC 2.0 MB/s out / 3.0 MB/s in" in text
     drive(app, body, size=(160, 50))
+
+
+def test_the_dashboard_keeps_pythons_full_collection_out_of_its_frames(tmp_path, monkeypatch):
+    import gc
+
+    import pkb_tui.app.app as app_module
+
+    monkeypatch.setattr(app_module, "FULL_COLLECTION_S", 0.05)
+    before = gc.get_threshold()
+    app = PkbApp(config=app_config(tmp_path / "runs.db", freeze_startup=True))
+
+    async def body(pilot):
+        await pilot.pause()
+        assert gc.get_threshold()[2] >= 1_000_000, gc.get_threshold()  # no automatic full pass
+        assert gc.get_freeze_count() > 0  # start-up's objects left out of the passes
+        collections = gc.get_stats()[2]["collections"]
+        await pilot.pause(0.3)  # the app's own timer runs them, after a refresh
+        assert gc.get_stats()[2]["collections"] > collections
+    try:
+        drive(app, body)
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()

@@ -129,8 +129,9 @@ def test_eight_collectives_at_two_nodes_of_two_ranks_are_judged_into_the_heads_d
     assert _none_left(tmp_path) == {}
 
 
-@pytest.mark.timeout(900)
-def test_a_node_agent_killed_mid_run_ends_the_run_as_error_and_leaves_nothing_running(tmp_path: Path) -> None:
+def _hung_batch_on_two_nodes(tmp_path: Path) -> tuple[Path, Path, subprocess.Popen, subprocess.Popen]:
+    """A head and an agent on 127.0.0.1 running a candidate that hangs on both nodes at 2 x 2
+    ranks (node timeout 5 s): the head's database, node 1's folder, the agent and the head."""
     head, other = _nodes(tmp_path)
     port = free_port()
     env = _env()
@@ -139,6 +140,12 @@ def test_a_node_agent_killed_mid_run_ends_the_run_as_error_and_leaves_nothing_ru
     leader = _pkb(["--db", str(db), "run", "--task", "all_reduce", "--model", fixture_model("hang"), *SMALL,
                    "--no-timing", "--timeout", "600", "--nnodes", "2", "--world-size", "4",
                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--node-timeout", "5"], head, env)
+    return db, other, agent, leader
+
+
+@pytest.mark.timeout(900)
+def test_a_node_agent_killed_mid_run_ends_the_run_as_error_and_leaves_nothing_running(tmp_path: Path) -> None:
+    db, other, agent, leader = _hung_batch_on_two_nodes(tmp_path)
     try:
         _wait_for_status(db, 0, "running", leader)
         time.sleep(2.0)  # the candidates are spinning on both nodes
@@ -204,14 +211,7 @@ def test_under_slurm_the_head_starts_the_agents_with_srun_and_a_killed_one_ends_
 @pytest.mark.timeout(900)
 def test_a_node_that_stops_answering_is_lost_after_the_node_timeout_and_its_ranks_end_when_it_wakes(
         tmp_path: Path) -> None:
-    head, other = _nodes(tmp_path)
-    port = free_port()
-    env = _env()
-    agent = _pkb(["agent", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"], other, env)
-    db = head / "runs.db"
-    leader = _pkb(["--db", str(db), "run", "--task", "all_reduce", "--model", fixture_model("hang"), *SMALL,
-                   "--no-timing", "--timeout", "600", "--nnodes", "2", "--world-size", "4",
-                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--node-timeout", "5"], head, env)
+    db, other, agent, leader = _hung_batch_on_two_nodes(tmp_path)
     try:
         _wait_for_status(db, 0, "running", leader)
         agent.send_signal(signal.SIGSTOP)  # alive but silent: only the heartbeat deadline can tell
@@ -221,7 +221,7 @@ def test_a_node_that_stops_answering_is_lost_after_the_node_timeout_and_its_rank
         assert code == 1, err
         assert run["status"] == "error"
         assert "not heard from for 5 s" in run["status_detail"], run["status_detail"]
-        assert _none_left(head, 30) == {}
+        assert _none_left(db.parent, 30) == {}
     finally:
         agent.send_signal(signal.SIGCONT)
         agent_code, _, agent_err = _finish(agent, 120)
@@ -301,14 +301,7 @@ def test_the_agents_clock_offset_is_measured_from_the_quickest_ping() -> None:
 
 @pytest.mark.timeout(600)
 def test_when_the_head_is_killed_every_node_ends_its_ranks(tmp_path: Path) -> None:
-    head, other = _nodes(tmp_path)
-    port = free_port()
-    env = _env()
-    agent = _pkb(["agent", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"], other, env)
-    db = head / "runs.db"
-    leader = _pkb(["--db", str(db), "run", "--task", "all_reduce", "--model", fixture_model("hang"), *SMALL,
-                   "--no-timing", "--timeout", "600", "--nnodes", "2", "--world-size", "4",
-                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--node-timeout", "5"], head, env)
+    db, other, agent, leader = _hung_batch_on_two_nodes(tmp_path)
     try:
         _wait_for_status(db, 0, "running", leader)
         time.sleep(1.0)
