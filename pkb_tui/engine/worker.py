@@ -597,13 +597,19 @@ class Rank:
     def _start_runners(self, wanted: list[tuple[str, Path]], deadline: float) -> list[RunnerProcess]:
         """Start runners side by side (their start-ups overlap) and wait until each one's process
         group is up; every judge agrees on any failure, and the runners are stopped till needed."""
+        failure = None
+        if any(self.agree(_monotonic() >= deadline)):  # every judge decides alike (ports are agreed next)
+            # The launch's own start-up (torchrun, the judges' imports) ate the first run's
+            # timeout: say so now rather than start runners the launcher will kill mid-way.
+            failure = ("error", f"{RANKS_DID_NOT_START}: the ranks' start-up took longer than its timeout "
+                                f"({float(self.request.timeout_s):g} s); no runner was started")
+            wanted = []
         ports = [self._port() for _ in wanted]
         runners = []
         for (label, log_path), port in zip(wanted, ports):
             runners.append(RunnerProcess(self, label, port, log_path))
             if label == "candidate":
                 self.guarded = runners[-1]
-        failure = None
         # A runner that dies while its group forms leaves its peers waiting in the rendezvous: its
         # judge says so at once (the abort key) and the other judges stop waiting on theirs.
         abort = self._aborted(self.item) if self.item is not None else None
