@@ -26,6 +26,7 @@ from pkb_tui.errors import PkbError
 MIN_INTERVAL_S = 0.01  # 100 Hz: the counter fields cost ~0.4 ms per GPU, faster only burns a core
 HOST_MIN_INTERVAL_S = 0.1
 DEFAULT_RAW_KEEP_S = 3600.0  # raw samples for an hour, then per-second averages
+STOP_WAIT_S = 10.0  # stop() waits this long for the sampling thread
 
 
 class Telemetry:
@@ -213,7 +214,11 @@ class Telemetry:
         """Stop sampling, write what is queued, release NVML. Safe to call twice."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            # Bounded: a reading stuck in the kernel or the driver must not keep a Ctrl-C from
+            # ending the monitor or a batch (the thread is a daemon: it goes with the process).
+            self._thread.join(STOP_WAIT_S)
+            if self._thread.is_alive() and not self.error:
+                self.error = f"the sampling thread did not stop within {STOP_WAIT_S:g} s (a reading hung); left behind"
             self._thread = None
         if self.sink is not None:
             self.sink.close()

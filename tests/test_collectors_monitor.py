@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from collectors.monitor import monitor_command, render_table
@@ -68,7 +69,10 @@ def test_the_table_shows_every_gpu_and_unavailable_as_na():
 def test_ctrl_c_ends_the_monitor_cleanly(tmp_path):
     env = {**os.environ, "PKB_FORCE_CPU": "1", "PYTHONPATH": str(ROOT)}
     code = (
-        "import sys; from collectors.monitor import monitor_command; "
+        # SIGUSR1 prints every thread's stack: what it waits on, should it not end (seen once in
+        # CI under load, never reproduced alone)
+        "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1); "
+        "from collectors.monitor import monitor_command; "
         f"sys.exit(monitor_command({str(tmp_path / 'runs.db')!r}, None, 0.05, True, True))"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -77,7 +81,14 @@ def test_ctrl_c_ends_the_monitor_cleanly(tmp_path):
         first = json.loads(proc.stdout.readline())  # running: it has said what it samples
         assert first["kind"] == "monitor"
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=60)
+        try:
+            rest, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            proc.kill()
+            _, stacks = proc.communicate()
+            raise AssertionError(f"the monitor did not end within 60 s of Ctrl-C; its threads:\n{stacks[-6000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
