@@ -99,3 +99,22 @@ def test_a_gpu_busy_with_someone_elses_work_is_an_error_not_the_candidates_fault
     failure = _await(gpu)
     assert failure is not None and failure.status == "error" and worker.GPU_BUSY in failure.message
     assert not worker._candidate_fault(failure, True)
+
+
+def test_a_trace_the_runner_planted_is_copied_only_as_a_regular_file_and_only_so_much(tmp_path) -> None:
+    # The runner's scratch is the candidate's: what it leaves at the trace's path is hostile.
+    import os
+
+    secret = tmp_path / "secret"
+    secret.write_text("not for the batch folder")
+    link, fifo, big, good = (tmp_path / n for n in ("link", "fifo", "big", "good"))
+    link.symlink_to(secret)
+    os.mkfifo(fifo)
+    big.write_bytes(b"x" * 2048)
+    good.write_bytes(b'{"traceEvents": []}')
+    target = tmp_path / "copied"
+    assert not worker._copy_regular_file(link, target, 1024) and not target.exists()
+    assert not worker._copy_regular_file(fifo, target, 1024) and not target.exists()  # would block on a read
+    assert not worker._copy_regular_file(big, target, 1024) and not target.exists()
+    assert not worker._copy_regular_file(tmp_path / "missing", target, 1024)
+    assert worker._copy_regular_file(good, target, 1024) and target.read_bytes() == good.read_bytes()

@@ -909,10 +909,6 @@ class Rank:
                                            max_rounds=MAX_ROUNDS, statistic=statistic)
         return decision.more
 
-    def _check_timed(self, outputs: list[Any], expected: list[Any], truths: list[Any], rule: Rule,
-                     round_index: int) -> str | None:
-        return check_timed(outputs, expected, truths, rule, round_index, self._sampler)
-
     def _report_trial(self, item: RunItem, trial: int, cmp: Comparison) -> bool:
         per_rank = self.gather({
             "rank": self.rank, "correct": cmp.correct, "max_abs_error": _finite(cmp.max_abs_error),
@@ -1057,7 +1053,7 @@ class Rank:
                                 continue
                             series[(variant, how)].rounds[-1].append(block)
                             if variant == "candidate" and wrong is None:
-                                wrong = self._check_timed(outputs, expected, truths, rule, round_index)
+                                wrong = check_timed(outputs, expected, truths, rule, round_index, self._sampler)
                             if variant == "baseline" and null_blocks:
                                 null_how = "null" if how == "eager" else "graph-null"
                                 null_block, _, null_reply = self._call(runner, inputs, expected, null_how, deadline,
@@ -1308,8 +1304,12 @@ def _copy_regular_file(source: Path, target: Path, max_bytes: int) -> bool:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
             return False
+        # At most max_bytes even if the file grows while it is copied (the runner still runs then).
         with os.fdopen(os.dup(fd), "rb") as src, open(target, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+            left = max_bytes
+            while left > 0 and (chunk := src.read(min(left, 1 << 20))):
+                dst.write(chunk)
+                left -= len(chunk)
         return True
     except OSError:
         return False
