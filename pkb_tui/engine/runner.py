@@ -74,8 +74,7 @@ class Runner:
         if self.init.get("sandbox", True):
             from pkb_tui.engine.sandbox import drop_capabilities, restrict_writes, runner_writable
 
-            writable = runner_writable(Path(self.init["scratch_dir"]), Path(self.init["jit_dir"]), self.device.type,
-                                       nccl_peers=self.init["backend"] == "nccl" and self.world_size > 1)
+            writable = runner_writable(Path(self.init["scratch_dir"]), Path(self.init["jit_dir"]), self.device.type)
             note = restrict_writes(writable, scope_signals=True)
             kept = drop_capabilities()
             note = "; ".join(n for n in (note, kept) if n) or None

@@ -149,26 +149,27 @@ def restrict_writes(writable: Iterable[str | Path], *, scope_signals: bool = Fal
     return None
 
 
-def runner_writable(scratch_dir: Path, jit_dir: Path, device_type: str, pid: int | None = None, *,
-                    nccl_peers: bool = False) -> list[Path]:
+def runner_writable(scratch_dir: Path, jit_dir: Path, device_type: str, pid: int | None = None) -> list[Path]:
     """Where a runner (the process that imports candidate code) may write: its own scratch folder
     (TMPDIR points there), its model's own JIT caches (jit_env), the null, zero and full devices
     and its own /proc entry; nothing shared with another model. Not the batch folder (events,
     logs, other runs), not /tmp or /var/tmp, not the project or the database, not /proc/sys or
     another process's /proc entry.
 
-    On a GPU also the NVIDIA device files and the MPS folders: measured on the H200 by
-    bench/sandbox_cuda_probe.py, CUDA's start, NCCL at one rank, a CuPy and a Triton kernel
-    compiled into the JIT cache all work with exactly this set (not /dev/shm, not the rest of
-    /proc). ``nccl_peers`` (NCCL between several ranks): /dev/shm too, where NCCL's intra-node
-    transports keep their shared segments (not probed yet on a box of several GPUs)."""
+    On a GPU also the NVIDIA device files, the MPS folders and /dev/shm. Measured on the H200
+    (bench/sandbox_cuda_probe.py, bench/ipc_sandbox_probe.py): CUDA's start, NCCL at one rank, a
+    CuPy and a Triton kernel compiled into the JIT cache work without /dev/shm, but opening the
+    judge's arena through torch's CUDA IPC does not ("mapping of buffer object failed"): the
+    export leaves a reference-count file (torch_<pid>_*) and the driver's cuda.shm.<uid>.<pid>
+    in /dev/shm, which the importer opens for writing. NCCL between ranks keeps its segments
+    there too. So a CUDA runner can write /dev/shm (stated in architecture.md, "sandbox")."""
     own = Path(f"/proc/{pid if pid is not None else os.getpid()}")
     folders = [Path(scratch_dir), jit_dir, Path("/dev/null"), Path("/dev/zero"), Path("/dev/full"), own]
     if device_type != "cuda":
         return folders
     devices = sorted(Path(p) for pattern in ("/dev/nvidia*", "/dev/dri/*") for p in glob.glob(pattern))
     mps = [Path(os.environ[e]) for e in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY") if os.environ.get(e)]
-    return [*folders, *devices, *mps, *([Path("/dev/shm")] if nccl_peers else [])]
+    return [*folders, *devices, *mps, Path("/dev/shm")]
 
 
 def jit_cache_dir(model_key: str) -> Path:
