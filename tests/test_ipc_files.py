@@ -1,29 +1,54 @@
-"""A killed CUDA runner's IPC file in /dev/shm is removed with it, and nobody else's."""
+"""CUDA IPC files in /dev/shm (cuda.shm.<uid>.<pid hex>.<n>), which the driver leaves after its
+process exits (H200, driver 580): a runner's go with it; the launcher sweeps the batch's dead ones."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from pkb_tui.engine.worker import _remove_ipc_files
+from pkb_tui.engine import procs
 
 SHM = Path("/dev/shm")
+pytestmark = pytest.mark.skipif(not SHM.is_dir() or not os.access(SHM, os.W_OK), reason="no writable /dev/shm")
 
 
-@pytest.mark.skipif(not SHM.is_dir() or not os.access(SHM, os.W_OK), reason="no writable /dev/shm")
+def _ipc_file(pid: int) -> Path:
+    return SHM / f"cuda.shm.{os.getuid()}.{pid:x}.1"
+
+
+def _dead_pids(count: int) -> list[int]:
+    pids = [p for p in range(4_000_000 + os.getpid() % 1000, 4_200_000, 7919) if not procs.alive(p)]  # above pid_max
+    return pids[:count]
+
+
 def test_only_the_runners_own_cuda_ipc_files_go() -> None:
-    dead, other = 4_000_000 + os.getpid() % 1000, 4_100_000 + os.getpid() % 1000  # above any real pid_max default
-    mine = SHM / f"cuda.shm.{os.getuid()}.{dead:x}.1"
-    theirs = SHM / f"cuda.shm.{os.getuid()}.{other:x}.1"
-    torch_file = SHM / f"torch_{dead}_1_0"
+    dead, other = _dead_pids(2)
+    mine, theirs, torch_file = _ipc_file(dead), _ipc_file(other), SHM / f"torch_{dead}_1_0"
     for path in (mine, theirs, torch_file):
         path.write_bytes(b"x")
     try:
-        _remove_ipc_files(dead)
+        procs.remove_cuda_ipc_files(dead)
         assert not mine.exists()
         assert theirs.exists() and torch_file.exists()  # another pid's, and torch's (its owner unlinks them)
     finally:
         for path in (mine, theirs, torch_file):
+            path.unlink(missing_ok=True)
+
+
+def test_the_sweep_takes_dead_processes_files_of_this_batch_only() -> None:
+    dead, dead_before = _dead_pids(2)
+    started = time.time() - 1.0
+    fresh_dead, live, old_dead = _ipc_file(dead), _ipc_file(os.getpid()), _ipc_file(dead_before)
+    for path in (fresh_dead, live, old_dead):
+        path.write_bytes(b"x")
+    os.utime(old_dead, (started - 3600, started - 3600))  # before the batch: not ours to judge
+    try:
+        assert procs.sweep_cuda_ipc_files(since_s=started) >= 1
+        assert not fresh_dead.exists()
+        assert live.exists() and old_dead.exists()
+    finally:
+        for path in (fresh_dead, live, old_dead):
             path.unlink(missing_ok=True)

@@ -250,6 +250,7 @@ class Launcher:
         mode = self._mode = choose_mode(self._topology.ranks_per_node, request.mode)
         cancel = cancel or threading.Event()
         load_at_start = os.getloadavg()[0]
+        started_wall_s = time.time()
         self._ring = None
         batch_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self._batch_id = batch_id
@@ -319,6 +320,7 @@ class Launcher:
             # Temporary trees go with the batch (runners' scratch, torchrun's torchelastic_*
             # folders, which TMPDIR puts there); logs stay, older batches' within the retention.
             shutil.rmtree(batch_dir / "scratch", ignore_errors=True)
+            procs.sweep_cuda_ipc_files(since_s=started_wall_s - 1.0)
             remove_old_batches(self.runs_dir, keep=batch_dir)
             self.outcome = BatchOutcome(
                 [s.run_id for s in states.values()], {s.run_id: s.status for s in states.values()}, list(self.skipped),

@@ -296,7 +296,7 @@ class RunnerProcess:
         self.arena.close()
         self.output.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
-        _remove_ipc_files(self.proc.pid)
+        procs.remove_cuda_ipc_files(self.proc.pid)
         self.judge.runners.discard(self)
         if self.judge.guarded is self:
             self.judge.guarded = None
@@ -1466,17 +1466,6 @@ def start_runner_subprocess(fds: dict[str, int], env: dict[str, str], cwd: str) 
         [sys.executable, "-m", "pkb_tui.engine.runner"], pass_fds=passed, stdin=subprocess.DEVNULL,
         stdout=fds["log"], stderr=fds["log"], env=env, cwd=cwd, start_new_session=True,
     )
-
-
-def _remove_ipc_files(pid: int) -> None:
-    """The CUDA driver keeps a process's IPC state in /dev/shm/cuda.shm.<uid>.<pid in hex>.<n> and
-    removes it at a clean exit; a runner killed with SIGKILL leaves it (seen on the H200), and a
-    soak of a thousand runs would leave a thousand. Only that pid's files: the judge's own stay."""
-    for path in glob.glob(f"/dev/shm/cuda.shm.{os.getuid()}.{pid:x}.*"):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def _end_children(keep: int | None = None) -> None:
