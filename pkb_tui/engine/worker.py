@@ -17,7 +17,6 @@ started its node's ranks (the launcher, or the node's agent) and ends itself whe
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import math
