@@ -22,8 +22,8 @@ The judge's guard thread samples /proc (and NVML) four times a second; past a li
 candidate's processes and the run ends with a verdict that names the limit. The baseline runner is
 trusted and not limited.
 
-Known gaps: a process that lives less than a look (0.25 s) and is not reaped by another of the
-candidate's processes takes its CPU time with it (no cgroup here); under MPS a process the
+Known gaps: a process that lives less than a look (0.25 s) and that no candidate process waits for
+(SIGCHLD ignored, a double fork's) takes its CPU time with it (no cgroup here); under MPS a process the
 candidate starts could make a CUDA context of its own, so the MPS pinned-memory limit
 (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) is not used: it binds only the process that sets it.
 """
