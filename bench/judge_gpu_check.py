@@ -13,7 +13,9 @@ Parts (each one or two CLI launches; the figures come from the batches' own even
                all_reduce baseline against their profiled kernel time (within 2 us).
   selfcheck    every task's baseline against itself, nccl x1 default: how many medians within 3%.
   faults       GPU faults in candidates (tests/fixtures/gpu-faults) and an honest model after them;
-               the GPU's memory and compute processes before and after.
+               the GPU's memory and compute processes before and after; whether NVML attributes
+               per-process GPU memory here (the GPU-memory limit depends on it; on a VM it may not),
+               and gpu-hog's verdict: "exceeded its GPU-memory limit", or a note saying why not.
 Prints tables; writes DIR/judge_check.json.
 """
 
@@ -126,7 +128,31 @@ def part_adversarial(out: Path, report: dict, configs: list[tuple[str, int]]) ->
     report["adversarial"] = table
 
 
-FAULTS = ["illegal-address", "device-assert", "endless-kernel", "gpu-oom"]
+FAULTS = ["illegal-address", "device-assert", "endless-kernel", "gpu-oom", "gpu-hog"]
+
+
+def nvml_attribution() -> dict[str, Any]:
+    """Whether NVML lists a CUDA process of ours with its memory (engine.limits.GpuMemory, as the
+    judge's guard reads it): a child that holds 2 GiB on cuda:0 while we look."""
+    code = ("import sys, time, torch\n"
+            "x = torch.ones(2 << 30, dtype=torch.uint8, device='cuda:0'); torch.cuda.synchronize()\n"
+            "print('ready', flush=True); time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        ready = child.stdout is not None and child.stdout.readline().strip() == "ready"
+        sys.path.insert(0, str(ROOT))
+        from pkb_tui.engine.limits import GIB, GpuMemory
+
+        gpu = GpuMemory()
+        listed = gpu.used_by_pid()
+        reading = gpu.reading([child.pid], child.pid)
+        gpu.close()
+        return {"child_ready": ready, "child_pid": child.pid, "attributed": reading.attributed,
+                "child_gib": round(reading.used_bytes / GIB, 2), "why_not": reading.why_not,
+                "nvml_lists": {pid: (None if used is None else round(used / GIB, 2)) for pid, used in listed.items()}}
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _gpu_state() -> dict[str, Any]:
@@ -144,6 +170,8 @@ def _gpu_state() -> dict[str, Any]:
 def part_faults(out: Path, report: dict) -> None:
     """GPU faults in candidates (issue 13, item 5): each ends its own run with its own verdict,
     the honest model after them passes, and nothing is left on the GPU."""
+    attribution = nvml_attribution()
+    print(f"  NVML per-process GPU memory: {json.dumps(attribution)}")
     before = _gpu_state()
     models = ",".join([*(str(ROOT / "tests" / "fixtures" / "gpu-faults" / f) for f in FAULTS), "torch-p2p"])
     doc, events = cli(out, "faults", ["--task", "all_reduce", "--model", models, "--world-size", "1", "--mode", "nccl",
@@ -153,12 +181,19 @@ def part_faults(out: Path, report: dict) -> None:
     after = _gpu_state()
     rows = []
     for model, run in runs_by_model(doc).items():
-        rows.append({"case": Path(model).name, "verdict": run.get("status"), "detail": (run.get("status_detail") or "")[:160],
-                     "ok": run.get("status") == "passed" if Path(model).name == "torch-p2p" else run.get("status") != "passed"})
+        name = Path(model).name
+        ok = run.get("status") == "passed" if name == "torch-p2p" else run.get("status") != "passed"
+        row = {"case": name, "verdict": run.get("status"), "detail": (run.get("status_detail") or "")[:160], "ok": ok}
+        if name == "gpu-hog":  # ended by the GPU-memory limit, or the run's notes say why it could not be
+            unlimited = [n for n in run.get("notes") or [] if n.startswith("GPU memory not limited")]
+            row["ok"] = "exceeded its GPU-memory limit" in (run.get("status_detail") or "")
+            row["not_limited"] = unlimited
+            row["limits_note"] = [n for n in run.get("notes") or [] if n.startswith("limits per candidate")]
+        rows.append(row)
     for row in rows:
         print("  ", json.dumps(row))
     print(f"  GPU before: {before}\n  GPU after:  {after}")
-    report["faults"] = {"rows": rows, "gpu_before": before, "gpu_after": after}
+    report["faults"] = {"rows": rows, "gpu_before": before, "gpu_after": after, "nvml_attribution": attribution}
 
 
 def calibrate_spin() -> tuple[float, dict[int, float]]:

@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="host memory a candidate may hold per rank (default: half this machine's, shared by the ranks)")
     run.add_argument("--max-tasks", type=int, default=None,
                      help="threads and processes a candidate may run per rank (default 512)")
+    run.add_argument("--max-cpu-s", type=float, default=None,
+                     help="CPU seconds a candidate's processes may use per rank (default: --timeout times the cores a "
+                          "rank may use, at most 2)")
+    run.add_argument("--max-gpu-memory-gib", type=float, default=None,
+                     help="GPU memory a candidate may hold per rank (default: its GPU's memory shared by the ranks on "
+                          "it, less 6 GiB for the judge, halved for the baseline)")
     _basis_option(run)
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
@@ -382,6 +388,7 @@ def cmd_run(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         iterations=args.iterations, profile=not args.no_profile, seed=args.seed, speedup_basis=args.speedup_basis,
         oversubscribe=args.oversubscribe, extra=extra,
         max_host_memory_gib=args.max_host_memory_gib, max_tasks=args.max_tasks,
+        max_cpu_s=args.max_cpu_s, max_gpu_memory_gib=args.max_gpu_memory_gib,
     )
     cluster = _cluster(args)
     if cluster is None:  # this node joins another's batch: an agent, no database

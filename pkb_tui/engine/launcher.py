@@ -187,6 +187,10 @@ class Launcher:
             raise PkbError(f"--warmup must be 0 or more (got {request.warmup}).")
         if request.timeout_s <= 0:
             raise PkbError(f"--timeout must be positive (got {request.timeout_s}).")
+        for flag, value in (("--max-host-memory-gib", request.max_host_memory_gib), ("--max-tasks", request.max_tasks),
+                            ("--max-cpu-s", request.max_cpu_s), ("--max-gpu-memory-gib", request.max_gpu_memory_gib)):
+            if value is not None and not value > 0:
+                raise PkbError(f"{flag} must be positive (got {value}); leave it out for the default.")
         if request.size not in SIZE_NAMES:
             raise PkbError(f"Unknown size {request.size!r}; choose one of {', '.join(SIZE_NAMES)}.")
         topology = Topology.of(request.world_size, self.cluster.nnodes)

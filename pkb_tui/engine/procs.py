@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def _stat_fields(pid: int) -> list[str]:
@@ -79,24 +80,41 @@ class StopWatch:
 
 
 @dataclass(frozen=True)
+class CpuReading:
+    """One process's CPU time as /proc/<pid>/stat has it."""
+
+    pid: int
+    start_ticks: int  # when it started (clock ticks since boot): a pid reused later is another process
+    ppid: int
+    cpu_s: float  # utime + stime, its dead threads included, + cutime + cstime (the children it reaped)
+
+
+@dataclass(frozen=True)
 class Usage:
     resident_bytes: int
     tasks: int  # threads of every process (a process has at least one)
     processes: int
+    cpu: tuple[CpuReading, ...] = ()
 
 
 def usage_of(pids: list[int]) -> Usage:
-    """Resident memory and threads of these processes (the ones gone are skipped)."""
+    """Resident memory, threads and CPU time of these processes (the ones gone are skipped)."""
     resident = tasks = processes = 0
+    cpu = []
     for pid in pids:
         try:
             with open(f"/proc/{pid}/statm") as f:
-                resident += int(f.read().split()[1]) * _PAGE_BYTES
-            tasks += int(_stat_fields(pid)[17])
+                pages = int(f.read().split()[1])
+            fields = _stat_fields(pid)
+            # fields[1] ppid, [11..14] utime stime cutime cstime, [17] threads, [19] starttime
+            ticks = sum(int(v) for v in fields[11:15])
+            cpu.append(CpuReading(pid, int(fields[19]), int(fields[1]), ticks / _TICKS_PER_S))
+            tasks += int(fields[17])
+            resident += pages * _PAGE_BYTES
             processes += 1
         except (OSError, IndexError, ValueError):
             continue
-    return Usage(resident, tasks, processes)
+    return Usage(resident, tasks, processes, tuple(cpu))
 
 
 def kill_process_tree(pid: int, grace_s: float = 3.0) -> None:

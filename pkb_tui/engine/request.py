@@ -26,6 +26,8 @@ class RunRequest:
     oversubscribe: bool = False  # allow more ranks than the mode can hold (engine.modes.rank_capacity)
     max_host_memory_gib: float | None = None  # per candidate per rank; None: engine.limits' default
     max_tasks: int | None = None  # threads and processes per candidate per rank; None: the default
+    max_cpu_s: float | None = None  # CPU seconds per candidate per rank; None: engine.limits' default
+    max_gpu_memory_gib: float | None = None  # GPU memory per candidate per rank; None: engine.limits' default
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

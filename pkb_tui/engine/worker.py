@@ -168,6 +168,8 @@ class RunnerProcess:
         scratch = self.scratch
         self.output = limits.OutputCapture(log_path)  # head and tail kept, however much it prints
         self.violation: str | None = None  # the limit its processes passed (set by the judge's guard)
+        self.cpu = limits.CpuClock()  # its processes' CPU time since it started
+        self.gpu = limits.GpuWatch()  # whether NVML can tell its GPU memory
         judge.spawning += 1
         try:
             self.proc: subprocess.Popen[bytes] | forkserver.RunnerHandle = judge.start_runner_process(
@@ -330,8 +332,10 @@ class Rank:
         self.baseline_runner: RunnerProcess | None = None
         self.forkserver: forkserver.ForkServer | None = None
         self.forkserver_failed = False
-        self.limits = limits.Limits.from_request(self.request.max_host_memory_gib, self.request.max_tasks,
-                                                 int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)))
+        self.device = torch.device(mode_info(self.mode).device_for(self.local_rank))
+        self.limits = self._limits()
+        self._gpu_memory: limits.GpuMemory | None = None  # NVML, opened by the guard's first look
+        self._guard_lock = threading.Lock()  # the guard thread and the verdict's last look
         self.guarded: RunnerProcess | None = None  # this item's candidate runner, watched by _guard
         self.runners: set[RunnerProcess] = set()  # every live runner (the guard counts none of the others)
         self.spawning = 0  # a runner being forked is nobody's yet: the guard waits
@@ -341,7 +345,18 @@ class Rank:
         self._flush: torch.Tensor | None = None
         self._probe: torch.Tensor | None = None
         self._sampler = random.Random(secrets.randbits(64))  # which timed calls are judged one by one
-        self.device = torch.device(mode_info(self.mode).device_for(self.local_rank))
+
+    def _limits(self) -> limits.Limits:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        gpu_total = ranks_per_gpu = None
+        if self.device.type == "cuda":
+            gpu_total = int(torch.cuda.get_device_properties(self.device).total_memory)
+            info = mode_info(self.mode)
+            ranks_per_gpu = sum(1 for r in range(local_world) if info.device_for(r) == str(self.device))
+        req = self.request
+        return limits.Limits.from_request(
+            req.max_host_memory_gib, req.max_tasks, local_world, cpu_s=req.max_cpu_s, timeout_s=float(req.timeout_s),
+            gpu_memory_gib=req.max_gpu_memory_gib, gpu_total_bytes=gpu_total, ranks_per_gpu=ranks_per_gpu or 1)
 
     # ------------------------------------------------------------------ plumbing
     def connect_uplink(self) -> None:
@@ -396,10 +411,21 @@ class Rank:
 
     def _enforce_limits(self, runner: RunnerProcess) -> None:
         """One look by the guard: past a limit, the candidate's processes are killed."""
+        with self._guard_lock:
+            self._look(runner)
+
+    def _look(self, runner: RunnerProcess) -> None:
         if runner.violation or self.spawning:
             return
         pids = self._candidate_pids(runner)
-        violation = limits.over_limit(procs.usage_of(pids), self.limits)
+        usage = procs.usage_of(pids)
+        gpu_bytes = None
+        if self.limits.gpu_memory_bytes is not None:
+            if self._gpu_memory is None:
+                self._gpu_memory = limits.GpuMemory()
+            # procs.alive, not proc.poll(): only the main thread reaps its runner (its exit code)
+            gpu_bytes = runner.gpu.look(self._gpu_memory, pids, runner.pid, procs.alive(runner.pid))
+        violation = limits.over_limit(usage, self.limits, cpu_s=runner.cpu.update(usage.cpu), gpu_memory_bytes=gpu_bytes)
         if violation and self.guarded is runner and not self.spawning:
             runner.violation = violation
             for pid in pids:
@@ -416,7 +442,13 @@ class Rank:
         except OSError:
             pass
         said = candidate._exited(-9) if candidate.violation else None
-        broken = [s for s in self.agree(said) if s]
+        # NVML could not tell this candidate's GPU memory: said in the run's notes.
+        unlimited = candidate.gpu.note() if self.limits.gpu_memory_bytes is not None else None
+        agreed = self.agree((said, f"{unlimited} (rank {self.rank})" if unlimited else None))
+        notes = [note for _, note in agreed if note]
+        if notes and self.current_item is not None:
+            self.emit(ev.RunNote(item=self.current_item, note=notes[0]))
+        broken = [s for s, _ in agreed if s]
         if broken and status not in ("error", "timeout"):
             return "error", broken[0]
         return status, detail
@@ -562,8 +594,7 @@ class Rank:
             notes.append(f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect")
         if self.mode == "cpu":
             notes.append("cpu: for development, not a measurement (gloo on CPU tensors)")
-        notes.append(f"limits per candidate and rank: {self.limits.host_memory_bytes / limits.GIB:.1f} GiB of host "
-                     f"memory, {self.limits.tasks} threads and processes, the first and last "
+        notes.append(f"limits per candidate and rank: {self.limits.describe()}, the first and last "
                      f"{limits.OUTPUT_HALF_BYTES // 2**20} MiB of its output kept")
         return notes
 
