@@ -112,6 +112,26 @@ def test_a_virtualenv_in_the_home_stays_readable_the_rest_of_the_home_does_not(t
 
 
 @needs_landlock
+def test_a_virtualenv_inside_the_runs_folder_stays_readable_other_batches_do_not(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    (runs / "venv").mkdir(parents=True)
+    (runs / "venv" / "mod.py").write_text("x = 1")
+    (runs / "older-batch").mkdir()
+    (runs / "older-batch" / "item000.log").write_text("log")
+    batch = runs / "this-batch"
+    (batch / "scratch" / "own").mkdir(parents=True)
+    (batch / "scratch" / "other").mkdir()
+    (batch / "scratch" / "other" / "f").write_text("theirs")
+    # The fork server's sys.path[0] is the batch's scratch root: never granted.
+    denials = sandbox.candidate_read_denials(batch, None, None, [], [runs])
+    rules = sandbox.read_rules(denials, [runs / "venv", batch / "scratch"], [batch / "scratch" / "own"])
+    got = _readable_after(rules, [runs / "venv" / "mod.py", runs / "older-batch" / "item000.log",
+                                  batch / "scratch" / "other" / "f", batch / "scratch" / "own"])
+    assert got == {str(runs / "venv" / "mod.py"): True, str(runs / "older-batch" / "item000.log"): False,
+                   str(batch / "scratch" / "other" / "f"): False, str(batch / "scratch" / "own"): True}, got
+
+
+@needs_landlock
 def test_a_home_that_is_the_root_leaves_only_what_the_runner_needs(tmp_path: Path) -> None:
     own = tmp_path / "scratch"
     own.mkdir()
@@ -181,6 +201,9 @@ def test_the_notes_say_when_the_network_stays_open(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("PKB_SANDBOX_READS", "0")
     if landlock_abi() > 0:
         assert "reads not restricted: PKB_SANDBOX_READS=0" in _candidate_sandbox_note(2)
+    monkeypatch.setenv("PKB_SANDBOX", "0")
+    assert _candidate_sandbox_note(2) == ("candidate sandbox: writes and reads not restricted (PKB_SANDBOX=0); "
+                                          "network not restricted: PKB_SANDBOX=0")
 
 
 class _Listener:
@@ -227,6 +250,10 @@ def test_a_candidate_reads_no_secret_and_sends_nothing_out_and_the_honest_model_
     monkeypatch.setenv("PKB_TEST_OTHER_SOLUTION", str(HONEST / "all_reduce.py"))
     monkeypatch.setenv("PKB_TEST_PROJECT", str(ROOT))
     monkeypatch.setenv("PKB_TEST_LISTENER_PORT", str(listener.port))
+    other_batch = tmp_db.parent / "pkb-runs" / "20200101-000000-older" / "item000.rank0.log"
+    other_batch.parent.mkdir(parents=True)
+    other_batch.write_text("another batch's log")
+    monkeypatch.setenv("PKB_TEST_OTHER_BATCH_LOG", str(other_batch))
     try:
         models = ",".join([str(ADVERSARIAL / "read-secrets"), str(ADVERSARIAL / "net-exfil"), str(HONEST)])
         result = cli("run", "--task", "all_reduce", "--model", models, "--world-size", "2", "--mode", "cpu",
@@ -236,13 +263,13 @@ def test_a_candidate_reads_no_secret_and_sends_nothing_out_and_the_honest_model_
         secret.unlink(missing_ok=True)
     runs = {r["model"]: r for r in result.json()["runs"]}
     assert {r["status"] for r in runs.values()} == {"passed"}, runs
-    (batch,) = [p for p in (tmp_db.parent / "pkb-runs").iterdir() if p.is_dir()]
+    (batch,) = [p for p in (tmp_db.parent / "pkb-runs").iterdir() if p.is_dir() and p != other_batch.parent]
     logs = "\n".join(p.read_text(errors="replace") for p in sorted(batch.glob("item*.rank*.candidate.log")))
     # Nothing arrived at the host's listener, from either rank, before or after the group was up.
     assert listener.received == [], listener.received
     assert "connect refused: host listener" in logs and "LEAKED over the network" not in logs, logs
     if landlock_abi() > 0:
-        for what in ("home secret", "database", "other model", "project readme", "batch scratch listing"):
+        for what in ("home secret", "database", "other model", "project readme", "other batch", "batch scratch listing"):
             assert f"read refused: {what}" in logs, (what, logs)
         assert "LEAKED" not in logs, logs
     notes = runs["torch-p2p"]["notes"]

@@ -609,7 +609,7 @@ class Launcher:
             "launch_started_at": started_at,
             # What a candidate's runner may not read (engine.sandbox.candidate_read_denials): the
             # database and every model folder of the batch (a relaunch's items are only the rest).
-            "db_path": str(self.db_path.resolve()),
+            "db_path": str(self.db_path.resolve()), "runs_dir": str(self.runs_dir),
             "model_dirs": sorted({_model_dir(s.item) for s in states.values()} - {None}),
         }
         topology = self._topology

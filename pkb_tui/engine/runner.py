@@ -95,7 +95,7 @@ class Runner:
                 readable = sandbox.read_rules(sandbox.ReadDenials.from_dict(self.init["read_denials"]), needs, own)
             note = sandbox.restrict_writes(writable, scope_signals=True, readable=readable)
             kept = sandbox.drop_capabilities()
-            note = "; ".join(n for n in (note, kept, self.init.get("reads_open")) if n) or None
+            note = "; ".join(n for n in (note, kept) if n) or None
         else:
             note = "no write sandbox: PKB_SANDBOX=0"
         if self.device.type == "cuda":

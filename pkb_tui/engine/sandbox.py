@@ -296,14 +296,16 @@ def homes() -> list[Path]:
 
 
 def candidate_read_denials(batch_dir: Path, db_path: Path | None, project_root: Path | None,
-                           other_model_dirs: Iterable[str | Path]) -> ReadDenials:
-    """The judge's half: what a candidate of this batch may not read (engine.worker)."""
+                           other_model_dirs: Iterable[str | Path], shared_dirs: Iterable[str | Path] = ()) -> ReadDenials:
+    """The judge's half: what a candidate of this batch may not read (engine.worker).
+    ``shared_dirs`` (the runs folder: other batches; the JIT caches' root: other models') are
+    soft: a sys.path entry beneath them stays readable (a --runs-dir that holds the virtualenv)."""
     hard: list[Path] = [Path(batch_dir), *(Path(p) for p in other_model_dirs)]
     if db_path is not None:
         db = Path(db_path)
         hard += [db, *(db.with_name(db.name + s) for s in ("-wal", "-shm", "-journal"))]
         hard += sorted(db.parent.glob(f"{glob.escape(db.stem)}.recovery-*.jsonl"))
-    soft = homes()
+    soft = [*homes(), *(Path(p) for p in shared_dirs)]
     project = None
     # A source checkout only: an installed package's "project root" is site-packages.
     if project_root is not None and (Path(project_root) / "pyproject.toml").is_file():

@@ -568,8 +568,7 @@ class Rank:
             notes.append(f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect")
         if self.mode == "cpu":
             notes.append("cpu: for development, not a measurement (gloo on CPU tensors)")
-        if os.environ.get("PKB_SANDBOX", "1") != "0":
-            notes.append(_candidate_sandbox_note(self.world_size))
+        notes.append(_candidate_sandbox_note(self.world_size))
         notes.append(f"limits per candidate and rank: {self.limits.host_memory_bytes / limits.GIB:.1f} GiB of host "
                      f"memory, {self.limits.tasks} threads and processes, the first and last "
                      f"{limits.OUTPUT_HALF_BYTES // 2**20} MiB of its output kept")
@@ -617,10 +616,14 @@ class Rank:
         if self.rank == 0:
             made = sandbox.make_net_namespace()
             if isinstance(made, sandbox.NetNamespace):
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                name = f"\0pkb-netns-{secrets.token_hex(16)}"
-                listener.bind(name)
-                listener.listen(self.world_size)
+                try:
+                    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    name = f"\0pkb-netns-{secrets.token_hex(16)}"
+                    listener.bind(name)
+                    listener.listen(self.world_size)
+                except OSError as exc:
+                    made.close()
+                    made = f"no socket to hand the namespace out ({exc})"
         said = self.agree((os.getpid(), name, made if isinstance(made, str) else None))
         name, error = said[0][1], said[0][2]
         if error is not None:
@@ -645,7 +648,7 @@ class Rank:
         """What this item's candidate runner may not read, for its init (engine.sandbox), or
         nothing when reads are left open (PKB_SANDBOX_READS=0: said in the run's notes)."""
         if os.environ.get("PKB_SANDBOX_READS", "1") == "0":
-            return {"reads_open": "reads not restricted: PKB_SANDBOX_READS=0"}
+            return {}  # said in the batch's notes
         own = None
         if item is not None and (item.model_path or item.solution_path):
             own = sandbox.real_path(item.model_path or Path(str(item.solution_path)).parent)
@@ -653,7 +656,10 @@ class Rank:
         if item is not None and not self.spec.get("model_dirs"):
             others = [sandbox.real_path(i.model_path) for i in self.items if i.model_path and sandbox.real_path(i.model_path) != own]
         db = self.spec.get("db_path")
-        denials = sandbox.candidate_read_denials(self.log_dir, Path(db) if db else None, _PROJECT_ROOT, others)
+        # Other batches' folders and other models' JIT caches too (the runner's own is granted back).
+        shared = [self.spec["runs_dir"]] if self.spec.get("runs_dir") else []
+        denials = sandbox.candidate_read_denials(self.log_dir, Path(db) if db else None, _PROJECT_ROOT, others,
+                                                 [*shared, sandbox.jit_cache_dir("")])
         return {"read_denials": denials.to_dict(), "model_dir": own}
 
     def _start_runners(self, wanted: list[tuple[str, Path]], deadline: float) -> list[RunnerProcess]:
@@ -668,7 +674,8 @@ class Rank:
             wanted = []
         ports = [self._port() for _ in wanted]
         netns, net_note = self._candidate_netns() if any(label == "candidate" for label, _ in wanted) else (None, None)
-        if net_note is not None and self.item is not None:
+        if net_note is not None and self.item is not None and _net_unrestricted_reason(self.world_size) is None:
+            # A namespace that could not be made (the batch's note says what was meant).
             self.emit(ev.RunNote(item=self.item.index, note=f"the candidate's sandbox: {net_note}"))
         runners = []
         try:
@@ -1524,7 +1531,9 @@ def _candidate_sandbox_note(world_size: int) -> str:
     """What the candidates' sandbox enforces on this kernel, as the run's notes say it (a runner
     that could not apply a part says so in a note of its own)."""
     abi = sandbox.landlock_abi()
-    if abi <= 0:
+    if os.environ.get("PKB_SANDBOX", "1") == "0":
+        parts = ["writes and reads not restricted (PKB_SANDBOX=0)"]
+    elif abi <= 0:
         parts = ["writes and reads not restricted (this kernel has no Landlock)"]
     else:
         parts = [f"writes only to its scratch and JIT cache (Landlock ABI {abi})"]
