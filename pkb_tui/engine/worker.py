@@ -336,6 +336,7 @@ class Rank:
         self.baseline_runner: RunnerProcess | None = None
         self.forkserver: forkserver.ForkServer | None = None
         self.forkserver_failed = False
+        self.netns_unavailable: str | None = None  # judge 0: why no namespace could be made (tried once)
         self.limits = limits.Limits.from_request(self.request.max_host_memory_gib, self.request.max_tasks,
                                                  int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)))
         self.guarded: RunnerProcess | None = None  # this item's candidate runner, watched by _guard
@@ -614,7 +615,9 @@ class Rank:
         listener = None
         name = None
         if self.rank == 0:
-            made = sandbox.make_net_namespace()
+            made = self.netns_unavailable or sandbox.make_net_namespace()
+            if isinstance(made, str):
+                self.netns_unavailable = made  # the kernel will not change its mind within a batch
             if isinstance(made, sandbox.NetNamespace):
                 try:
                     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
