@@ -610,7 +610,7 @@ class Launcher:
             # What a candidate's runner may not read (engine.sandbox.candidate_read_denials): the
             # database and every model folder of the batch (a relaunch's items are only the rest).
             "db_path": str(self.db_path.resolve()), "runs_dir": str(self.runs_dir),
-            "model_dirs": sorted({_model_dir(s.item) for s in states.values()} - {None}),
+            "model_dirs": sorted({d for s in states.values() if (d := _model_dir(s.item)) is not None}),
         }
         topology = self._topology
         rendezvous = None
