@@ -151,8 +151,12 @@ def test_the_runner_needs_pythons_prefixes_and_every_import_path() -> None:
     assert own == [Path("/s"), Path("/j"), Path("/m")]
 
 
-def test_a_namespace_of_the_groups_own_reaches_its_loopback_not_the_hosts() -> None:
-    made = sandbox.make_net_namespace()
+@pytest.mark.parametrize("how", ["as made", "in a user namespace"])
+def test_a_namespace_of_the_groups_own_reaches_its_loopback_not_the_hosts(how: str) -> None:
+    # "in a user namespace": what a judge without root gets (a helper process makes both).
+    made = sandbox.make_net_namespace() if how == "as made" else sandbox._net_namespace_by_helper(30.0, user=True)
+    if how != "as made" and not isinstance(made, str):
+        assert made.user_fd is not None
     if isinstance(made, str):
         pytest.skip(f"no network namespace here: {made} (the run's notes say 'network not restricted')")
     host = socket.socket()
