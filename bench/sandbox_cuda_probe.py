@@ -97,36 +97,39 @@ def out():
     rows["s"] = round(time.monotonic() - t0, 1)
     print("ROW " + json.dumps(rows), flush=True)
 try:
-    fds = [int(v) for v in cfg["netns_fds"]]
-    why = sandbox.join_net_namespace(fds[-1], fds[0] if len(fds) > 1 else None)
-    assert why is None, why
-    rows["netns"] = "joined"
-    step = "sandbox"
     scratch, jit, model = Path(cfg["scratch"]), Path(cfg["jit"]), Path(cfg["model"])
     env = sandbox.jit_env(jit); os.environ.update(env, TMPDIR=str(scratch)); tempfile.tempdir = None
     for v in env.values(): Path(v).mkdir(parents=True, exist_ok=True)
-    os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = "lo"
-    denials = sandbox.candidate_read_denials(Path(cfg["batch"]), Path(cfg["db"]), Path(cfg["root"]), [cfg["other"]])
-    needs, own = sandbox.runner_needs(scratch, jit, model)
-    rules = sandbox.read_rules(denials, needs, own)
-    writable = sandbox.runner_writable(scratch, jit, "cuda", nccl_peers=cfg["backend"] == "nccl" and cfg["ws"] > 1)
-    note = sandbox.restrict_writes(writable, scope_signals=True, readable=rules)
-    kept = sandbox.drop_capabilities()
-    assert note is None and kept is None, (note, kept)
-    rows["sandbox"] = f"{len(rules)} read rules"
-    step = "reads"
-    leaked = []
-    for what in ("secret", "db", "other_file", "readme"):
+    if cfg["confined"]:  # else the control: the same steps, no namespace, no sandbox
+        fds = [int(v) for v in cfg["netns_fds"]]
+        why = sandbox.join_net_namespace(fds[-1], fds[0] if len(fds) > 1 else None)
+        assert why is None, why
+        rows["netns"] = "joined"
+        step = "sandbox"
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = "lo"
+        denials = sandbox.candidate_read_denials(Path(cfg["batch"]), Path(cfg["db"]), Path(cfg["root"]), [cfg["other"]])
+        needs, own = sandbox.runner_needs(scratch, jit, model)
+        rules = sandbox.read_rules(denials, needs, own)
+        writable = sandbox.runner_writable(scratch, jit, "cuda", nccl_peers=cfg["backend"] == "nccl" and cfg["ws"] > 1)
+        note = sandbox.restrict_writes(writable, scope_signals=True, readable=rules)
+        kept = sandbox.drop_capabilities()
+        assert note is None and kept is None, (note, kept)
+        rows["sandbox"] = f"{len(rules)} read rules"
+        step = "reads"
+        leaked = []
+        for what in ("secret", "db", "other_file", "readme"):
+            try:
+                open(cfg[what], "rb").close(); leaked.append(what)
+            except OSError:
+                pass
+        rows["reads"] = "refused" if not leaked else "LEAKED " + ",".join(leaked)
+        step = "listener"
         try:
-            open(cfg[what], "rb").close(); leaked.append(what)
+            socket.create_connection(("127.0.0.1", cfg["listener"]), timeout=2).close(); rows["host listener"] = "REACHED"
         except OSError:
-            pass
-    rows["reads"] = "refused" if not leaked else "LEAKED " + ",".join(leaked)
-    step = "listener"
-    try:
-        socket.create_connection(("127.0.0.1", cfg["listener"]), timeout=2).close(); rows["host listener"] = "REACHED"
-    except OSError:
-        rows["host listener"] = "unreachable"
+            rows["host listener"] = "unreachable"
+    else:
+        rows["netns"] = rows["sandbox"] = "none (control)"
     step = "cuda init"
     import torch
     dev = torch.device("cuda", cfg["device"]); torch.cuda.set_device(dev); x = torch.ones(1 << 20, device=dev)
@@ -176,10 +179,14 @@ def readnet() -> int:
     from pkb_tui.engine import sandbox
 
     gpus = torch.cuda.device_count()
-    cases = [("nccl x1", 1, "nccl", [0]), ("nccl x2, one GPU", 2, "nccl", [0, 0]),
-             ("gloo x2, one GPU (shared-gpu)", 2, "gloo", [0, 0])]
+    print(f"torch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if gpus else '-'}, {gpus} GPU(s), "
+          f"Landlock ABI {sandbox.landlock_abi()}, uid {os.getuid()}")
+    # The unconfined control tells a limit of NCCL (two ranks on one GPU) from one of the sandbox.
+    cases = [("nccl x1", 1, "nccl", [0], True), ("nccl x2, one GPU", 2, "nccl", [0, 0], True),
+             ("nccl x2, one GPU, control", 2, "nccl", [0, 0], False),
+             ("gloo x2, one GPU (shared-gpu)", 2, "gloo", [0, 0], True)]
     if gpus >= 2:
-        cases.append(("nccl x2, two GPUs", 2, "nccl", [0, 1]))
+        cases.append(("nccl x2, two GPUs", 2, "nccl", [0, 1], True))
     work = Path(tempfile.mkdtemp(prefix="probe-readnet-"))
     secret = Path.home() / ".pkb-probe-secret"
     secret.write_text("API_KEY=probe")
@@ -195,7 +202,7 @@ def readnet() -> int:
     rows: list[dict[str, object]] = []
     transports: dict[str, list[str]] = {}
     try:
-        for index, (case, ws, backend, devices) in enumerate(cases):
+        for index, (case, ws, backend, devices, confined) in enumerate(cases):
             made = sandbox.make_net_namespace()
             if isinstance(made, str):
                 rows.append({"case": case, "failed": f"no namespace: {made}"})
@@ -208,6 +215,7 @@ def readnet() -> int:
                 scratch.mkdir(parents=True)
                 jit.mkdir(parents=True)
                 cfg = {"root": str(ROOT), "rank": rank, "ws": ws, "backend": backend, "device": devices[rank],
+                       "confined": confined,
                        "port": 29600 + index, "salt": index + 1, "netns_fds": [str(fd) for fd in made.fds()],
                        "scratch": str(scratch), "jit": str(jit), "model": str(work / "models" / "mine"),
                        "batch": str(batch), "db": str(db), "other": str(other), "other_file": str(other / "all_reduce.py"),
@@ -245,8 +253,9 @@ def readnet() -> int:
     print(arrived)
     for case, lines in transports.items():
         print(f"{case}: NCCL transports: " + ("; ".join(sorted(set(lines))[:6]) or "(none printed)"))
-    ok = all("failed" not in r for r in rows) and all(r.get("reads") == "refused" and r.get("host listener") == "unreachable"
-                                                      for r in rows) and arrived.startswith("nothing")
+    confined_rows = [r for r in rows if not str(r.get("case", "")).endswith("control")]
+    ok = all("failed" not in r for r in confined_rows) and arrived.startswith("nothing") and all(
+        r.get("reads") == "refused" and r.get("host listener") == "unreachable" for r in confined_rows)
     print("readnet: " + ("every rank ran with reads and network confined" if ok else "SOME RANK FAILED (see the table)"))
     return 0 if ok else 1
 
