@@ -315,7 +315,7 @@ def candidate_read_denials(batch_dir: Path, db_path: Path | None, project_root: 
                        real_path(project) if project is not None else None)
 
 
-def runner_needs(scratch_dir: Path, jit_dir: Path, model_dir: Path | None) -> tuple[list[Path], list[Path]]:
+def runner_needs(scratch_dir: Path, jit_dir: Path, model_dir: str | Path | None) -> tuple[list[Path], list[Path]]:
     """The runner's half: (what it needs to read, its own folders). Python's prefixes and every
     sys.path entry, CUDA, the MPS folders, the PKB clone; its scratch, JIT cache and model folder."""
     needs = [Path(p) for p in _SYSTEM_READS]
