@@ -7,11 +7,23 @@ capabilities dropped; then CUDA init, a tensor, NCCL at world size 1, a CuPy ker
 the JIT cache) and a Triton kernel. Prints one line per attempt, the first failing step if any, and
 which of /dev/shm, another process's /proc entry and /proc/sys each set leaves writable.
 
-    python bench/sandbox_cuda_probe.py
+    python bench/sandbox_cuda_probe.py             # both parts
+    python bench/sandbox_cuda_probe.py --readnet   # only the second
+
+Second part (issue 13: reads and network): runners exactly as a candidate's (engine.runner's
+set-up: its group's network namespace joined first, Landlock over writes AND reads, capabilities
+dropped) at one rank (NCCL), two ranks sharing GPU 0 (NCCL, then gloo as shared-gpu mode runs),
+and two ranks on two GPUs where there are two. Each rank checks that a secret in the home, a
+database, another model's folder and the project's README are refused and that a listener on the
+host's 127.0.0.1 cannot be reached, then starts CUDA, forms its group at 127.0.0.1 inside the
+namespace, all-reduces, compiles and runs a CuPy and a Triton kernel into its JIT cache. NCCL's
+INFO lines say which transport each pair used (P2P/SHM on one host: they must not care about the
+namespace). One table row per rank.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +84,185 @@ SETS = [
 ]
 
 
+READNET_RANK = r"""
+import json, os, socket, sys, tempfile, time
+from pathlib import Path
+cfg = json.loads(os.environ["PKB_PROBE"])
+sys.path.insert(0, cfg["root"])
+from pkb_tui.engine import sandbox
+rows = {"rank": cfg["rank"]}
+t0 = time.monotonic()
+step = "netns"
+def out():
+    rows["s"] = round(time.monotonic() - t0, 1)
+    print("ROW " + json.dumps(rows), flush=True)
+try:
+    scratch, jit, model = Path(cfg["scratch"]), Path(cfg["jit"]), Path(cfg["model"])
+    env = sandbox.jit_env(jit); os.environ.update(env, TMPDIR=str(scratch)); tempfile.tempdir = None
+    for v in env.values(): Path(v).mkdir(parents=True, exist_ok=True)
+    if cfg["confined"]:  # else the control: the same steps, no namespace, no sandbox
+        fds = [int(v) for v in cfg["netns_fds"]]
+        why = sandbox.join_net_namespace(fds[-1], fds[0] if len(fds) > 1 else None)
+        assert why is None, why
+        rows["netns"] = "joined"
+        step = "sandbox"
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = "lo"
+        denials = sandbox.candidate_read_denials(Path(cfg["batch"]), Path(cfg["db"]), Path(cfg["root"]), [cfg["other"]])
+        needs, own = sandbox.runner_needs(scratch, jit, model)
+        rules = sandbox.read_rules(denials, needs, own)
+        writable = sandbox.runner_writable(scratch, jit, "cuda")
+        note = sandbox.restrict_writes(writable, scope_signals=True, readable=rules)
+        kept = sandbox.drop_capabilities()
+        assert note is None and kept is None, (note, kept)
+        rows["sandbox"] = f"{len(rules)} read rules"
+        step = "reads"
+        leaked = []
+        for what in ("secret", "db", "other_file", "readme"):
+            try:
+                open(cfg[what], "rb").close(); leaked.append(what)
+            except OSError:
+                pass
+        rows["reads"] = "refused" if not leaked else "LEAKED " + ",".join(leaked)
+        step = "listener"
+        try:
+            socket.create_connection(("127.0.0.1", cfg["listener"]), timeout=2).close(); rows["host listener"] = "REACHED"
+        except OSError:
+            rows["host listener"] = "unreachable"
+    else:
+        rows["netns"] = rows["sandbox"] = "none (control)"
+    step = "cuda init"
+    import torch
+    dev = torch.device("cuda", cfg["device"]); torch.cuda.set_device(dev); x = torch.ones(1 << 20, device=dev)
+    rows["cuda"] = "ok"
+    step = "group"
+    import torch.distributed as dist
+    from datetime import timedelta
+    dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=cfg["rank"],
+                            world_size=cfg["ws"], timeout=timedelta(seconds=90))
+    dist.all_reduce(x); torch.cuda.synchronize()
+    assert float(x[0]) == cfg["ws"], float(x[0])
+    rows[cfg["backend"]] = f"all_reduce ok x{cfg['ws']}"
+    dist.destroy_process_group()
+    step = "cupy"; import cupy
+    k = cupy.RawKernel('extern "C" __global__ void k(float* a) { a[threadIdx.x] += %d.0f; }' % cfg["salt"], "k")
+    with cupy.cuda.Device(cfg["device"]):
+        a = cupy.zeros(32, dtype=cupy.float32); k((1,), (32,), (a,)); assert float(a.sum()) == 32 * cfg["salt"]
+    rows["cupy"] = "ok"
+    step = "triton"; import importlib.util
+    source = scratch / "probe_triton.py"
+    source.write_text("import triton, triton.language as tl\n@triton.jit\ndef add(p, n: tl.constexpr):\n"
+                      f"    i = tl.arange(0, n); tl.store(p + i, tl.load(p + i) + {cfg['salt']})\n")
+    spec = importlib.util.spec_from_file_location("probe_triton", source); mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = torch.zeros(64, device=dev); mod.add[(1,)](t, 64); torch.cuda.synchronize(); assert float(t.sum()) == 64 * cfg["salt"]
+    rows["triton"] = "ok"
+    rows["jit cache"] = ",".join(sorted(p.name for p in jit.iterdir() if any(p.rglob("*"))))
+except BaseException as exc:
+    rows["failed"] = f"{step}: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+out()
+"""
+
+READNET_COLUMNS = ("case", "rank", "netns", "sandbox", "reads", "host listener", "cuda", "nccl", "gloo", "cupy", "triton",
+                   "jit cache", "s", "failed")
+
+
+def readnet() -> int:
+    """The second part: one table row per rank, then NCCL's transports per case."""
+    import json
+    import shutil
+    import socket
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from pkb_tui.engine import sandbox
+
+    gpus = torch.cuda.device_count()
+    print(f"torch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if gpus else '-'}, {gpus} GPU(s), "
+          f"Landlock ABI {sandbox.landlock_abi()}, uid {os.getuid()}")
+    # The unconfined control tells a limit of NCCL (two ranks on one GPU) from one of the sandbox.
+    cases = [("nccl x1", 1, "nccl", [0], True), ("nccl x2, one GPU", 2, "nccl", [0, 0], True),
+             ("nccl x2, one GPU, control", 2, "nccl", [0, 0], False),
+             ("gloo x2, one GPU (shared-gpu)", 2, "gloo", [0, 0], True)]
+    if gpus >= 2:
+        cases.append(("nccl x2, two GPUs", 2, "nccl", [0, 1], True))
+    work = Path(tempfile.mkdtemp(prefix="probe-readnet-"))
+    secret = Path.home() / ".pkb-probe-secret"
+    secret.write_text("API_KEY=probe")
+    db = work / "runs.db"
+    db.write_text("db")
+    other = work / "models" / "other"
+    other.mkdir(parents=True)
+    (other / "all_reduce.py").write_text("# another model's")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    rows: list[dict[str, object]] = []
+    transports: dict[str, list[str]] = {}
+    try:
+        for index, (case, ws, backend, devices, confined) in enumerate(cases):
+            made = sandbox.make_net_namespace()
+            if isinstance(made, str):
+                rows.append({"case": case, "failed": f"no namespace: {made}"})
+                continue
+            procs = []
+            for rank in range(ws):
+                batch = work / f"batch{index}"
+                scratch = batch / "scratch" / f"rank{rank}"
+                jit = work / f"jit{index}.{rank}"
+                scratch.mkdir(parents=True)
+                jit.mkdir(parents=True)
+                cfg = {"root": str(ROOT), "rank": rank, "ws": ws, "backend": backend, "device": devices[rank],
+                       "confined": confined,
+                       "port": 29600 + index, "salt": index + 1, "netns_fds": [str(fd) for fd in made.fds()],
+                       "scratch": str(scratch), "jit": str(jit), "model": str(work / "models" / "mine"),
+                       "batch": str(batch), "db": str(db), "other": str(other), "other_file": str(other / "all_reduce.py"),
+                       "secret": str(secret), "readme": str(ROOT / "README.md"), "listener": listener.getsockname()[1]}
+                (work / "models" / "mine").mkdir(exist_ok=True)
+                env = {**os.environ, "PKB_PROBE": json.dumps(cfg), "NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "0"}
+                procs.append(subprocess.Popen([sys.executable, "-c", READNET_RANK], env=env, pass_fds=made.fds(),
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            made.close()
+            for rank, proc in enumerate(procs):
+                try:
+                    text, _ = proc.communicate(timeout=300)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    text, _ = proc.communicate()
+                    text += "\nROW " + json.dumps({"rank": rank, "failed": "timed out"})
+                found = [json.loads(line[4:]) for line in text.splitlines() if line.startswith("ROW ")]
+                row = found[-1] if found else {"rank": rank, "failed": (text.strip().splitlines() or ["no output"])[-1][:200]}
+                rows.append({"case": case, **row})
+                transports.setdefault(case, []).extend(
+                    line.split("NCCL INFO ", 1)[1] for line in text.splitlines() if " via " in line and "NCCL INFO" in line)
+        try:
+            listener.accept()
+            arrived = "a connection ARRIVED at the host listener"
+        except BlockingIOError:
+            arrived = "nothing arrived at the host listener"
+    finally:
+        listener.close()
+        secret.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in READNET_COLUMNS}
+    print(" | ".join(c.ljust(widths[c]) for c in READNET_COLUMNS))
+    for r in rows:
+        print(" | ".join(str(r.get(c, "")).ljust(widths[c]) for c in READNET_COLUMNS))
+    print(arrived)
+    for case, lines in transports.items():
+        print(f"{case}: NCCL transports: " + ("; ".join(sorted(set(lines))[:6]) or "(none printed)"))
+    confined_rows = [r for r in rows if not str(r.get("case", "")).endswith("control")]
+    ok = all("failed" not in r for r in confined_rows) and arrived.startswith("nothing") and all(
+        r.get("reads") == "refused" and r.get("host listener") == "unreachable" for r in confined_rows)
+    print("readnet: " + ("every rank ran with reads and network confined" if ok else "SOME RANK FAILED (see the table)"))
+    return 0 if ok else 1
+
+
 def main() -> int:
+    if "--readnet" in sys.argv[1:]:
+        return readnet()
     for index, keys in enumerate(SETS):
         code = ATTEMPT.format(root=str(ROOT), keys=keys, port=str(29577 + index), salt=index + 1)
         try:
@@ -81,7 +271,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             line = "timed out"
         print(f"writable {'+'.join(keys)}: {line}", flush=True)
-    return 0
+    return readnet()
 
 
 if __name__ == "__main__":

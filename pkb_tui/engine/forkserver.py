@@ -31,7 +31,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-REQUEST_FDS = ("to_runner", "from_runner", "log", "arena")  # in this order; arena only when there is one
+# In this order; arena only when there is one, userns/netns only for a candidate in a namespace of its group's.
+REQUEST_FDS = ("to_runner", "from_runner", "log", "arena", "userns", "netns")
 _MAX_REQUEST_BYTES = 1 << 20
 
 
@@ -227,7 +228,8 @@ def _become_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str]
         os.dup2(null, 0)
         os.dup2(fds["log"], 1)
         os.dup2(fds["log"], 2)
-        keep = {0, 1, 2, fds["to_runner"], fds["from_runner"], pid_w} | ({fds["arena"]} if "arena" in fds else set())
+        netns = [fds[k] for k in ("userns", "netns") if k in fds]
+        keep = {0, 1, 2, fds["to_runner"], fds["from_runner"], pid_w, *netns} | ({fds["arena"]} if "arena" in fds else set())
         _close_all_but(keep)
         os.write(pid_w, str(os.getpid()).encode())
         os.close(pid_w)
@@ -240,6 +242,8 @@ def _become_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str]
         os.environ["PKB_RUNNER_FDS"] = f"{fds['to_runner']},{fds['from_runner']}"
         if "arena" in fds:
             os.environ["PKB_ARENA_FD"] = str(fds["arena"])
+        if netns:
+            os.environ["PKB_NETNS_FDS"] = ",".join(str(fd) for fd in netns)
         os.chdir(cwd)
         import random
         import tempfile

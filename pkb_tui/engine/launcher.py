@@ -613,6 +613,10 @@ class Launcher:
             # The timeout bounds a run's wall time, the launch's start-up included: the judges
             # count the first run's from here.
             "launch_started_at": started_at,
+            # What a candidate's runner may not read (engine.sandbox.candidate_read_denials): the
+            # database and every model folder of the batch (a relaunch's items are only the rest).
+            "db_path": str(self.db_path.resolve()), "runs_dir": str(self.runs_dir),
+            "model_dirs": sorted({d for s in states.values() if (d := _model_dir(s.item)) is not None}),
         }
         topology = self._topology
         rendezvous = None
@@ -1088,3 +1092,10 @@ def _traffic_flag(link: ev.LinkBytes, traffic: Traffic | None, mode: str) -> str
 
 def _ranks(ranks: set[int]) -> str:
     return ", ".join(str(r) for r in sorted(ranks))
+
+
+def _model_dir(item: RunItem) -> str | None:
+    """The folder of an item's solution set (what another model of the batch may not read)."""
+    if item.model_path:
+        return str(Path(item.model_path).resolve())
+    return str(Path(item.solution_path).resolve().parent) if item.solution_path else None

@@ -34,6 +34,15 @@ def main() -> int:
             return 1
     read_fd, write_fd = (int(v) for v in os.environ.pop("PKB_RUNNER_FDS").split(","))
     arena_fd = int(os.environ.pop("PKB_ARENA_FD")) if os.environ.get("PKB_ARENA_FD") else None
+    if os.environ.get("PKB_NETNS_FDS"):
+        # The candidate group's network namespace: joined before anything starts a thread (setns
+        # moves only the calling one) and while capabilities are still held.
+        why = _join_netns([int(v) for v in os.environ.pop("PKB_NETNS_FDS").split(",")])
+        if why is not None:
+            from pkb_tui.engine import channel
+
+            channel.send(write_fd, {"ok": False, "error": f"runner set-up failed: its group's network namespace: {why}"})
+            return 1
     from pkb_tui.engine import channel  # torch is imported here, before any candidate code
 
     init = channel.receive(read_fd)
@@ -71,12 +80,20 @@ class Runner:
 
         os.chdir(self.init["scratch_dir"])
         note = None
+        if self.init.get("netns"):
+            # Only loopback here: gloo and NCCL must not look for the host's interfaces.
+            os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = "lo"
         if self.init.get("sandbox", True):
-            from pkb_tui.engine.sandbox import drop_capabilities, restrict_writes, runner_writable
+            from pkb_tui.engine import sandbox
 
-            writable = runner_writable(Path(self.init["scratch_dir"]), Path(self.init["jit_dir"]), self.device.type)
-            note = restrict_writes(writable, scope_signals=True)
-            kept = drop_capabilities()
+            scratch, jit = Path(self.init["scratch_dir"]), Path(self.init["jit_dir"])
+            writable = sandbox.runner_writable(scratch, jit, self.device.type)
+            readable = None
+            if self.init.get("read_denials") is not None:  # a candidate's runner: reads confined too
+                needs, own = sandbox.runner_needs(scratch, jit, self.init.get("model_dir"))
+                readable = sandbox.read_rules(sandbox.ReadDenials.from_dict(self.init["read_denials"]), needs, own)
+            note = sandbox.restrict_writes(writable, scope_signals=True, readable=readable)
+            kept = sandbox.drop_capabilities()
             note = "; ".join(n for n in (note, kept) if n) or None
         else:
             note = "no write sandbox: PKB_SANDBOX=0"
@@ -282,6 +299,16 @@ class Runner:
         # ranks), so only aliasing an earlier call's output, or two outputs, is flagged.
         inputs = [] if self.check_mode == "outputs" else [self.inputs[i]]
         return find_aliasing(out, inputs, self.previous_outputs)
+
+
+def _join_netns(fds: list[int]) -> str | None:
+    from pkb_tui.engine.sandbox import join_net_namespace
+
+    try:
+        return join_net_namespace(fds[-1], fds[0] if len(fds) > 1 else None)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _not_loaded(*args: Any) -> Any:

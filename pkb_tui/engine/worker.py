@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -150,7 +151,8 @@ class Series:
 class RunnerProcess:
     """This judge's runner for one variant: a child process in a session of its own."""
 
-    def __init__(self, judge: Rank, label: str, port: int, log_path: Path) -> None:
+    def __init__(self, judge: Rank, label: str, port: int, log_path: Path,
+                 netns: sandbox.NetNamespace | None = None) -> None:
         self.judge, self.label = judge, label
         to_runner_r, self.to_runner = os.pipe()
         self.from_runner, from_runner_w = os.pipe()
@@ -174,7 +176,9 @@ class RunnerProcess:
         try:
             self.proc: subprocess.Popen[bytes] | forkserver.RunnerHandle = judge.start_runner_process(
                 {"to_runner": to_runner_r, "from_runner": from_runner_w, "log": self.output.write_fd,
-                 **({"arena": self.arena.fd} if self.arena.fd is not None else {})}, env, str(scratch))
+                 **({"arena": self.arena.fd} if self.arena.fd is not None else {}),
+                 **({"userns": netns.user_fd} if netns is not None and netns.user_fd is not None else {}),
+                 **({"netns": netns.net_fd} if netns is not None else {})}, env, str(scratch))
             judge.runners.add(self)
         finally:
             judge.spawning -= 1
@@ -184,9 +188,12 @@ class RunnerProcess:
         self.stopped = False
         channel.send(self.to_runner, {
             "rank": judge.rank, "world_size": judge.world_size, "mode": judge.mode, "device": str(judge.device),
-            "backend": backend_for(judge.mode), "master_addr": judge.master_addr, "port": port,
+            # In the group's own network namespace the rendezvous is on its loopback.
+            "backend": backend_for(judge.mode), "master_addr": "127.0.0.1" if netns is not None else judge.master_addr,
+            "port": port, "netns": netns is not None,
             "scratch_dir": str(scratch), "jit_dir": str(jit_dir), "timeout_s": max(30.0, float(judge.request.timeout_s)),
             "sandbox": os.environ.get("PKB_SANDBOX", "1") != "0",
+            **(judge.read_denials_for(item) if label == "candidate" else {}),
         })
         self.started = False
 
@@ -336,6 +343,7 @@ class Rank:
         self.limits = self._limits()
         self._gpu_memory: limits.GpuMemory | None = None  # NVML, opened by the guard's first look
         self._guard_lock = threading.Lock()  # the guard thread and the verdict's last look
+        self.netns_unavailable: str | None = None  # judge 0: why no namespace could be made (tried once)
         self.guarded: RunnerProcess | None = None  # this item's candidate runner, watched by _guard
         self.runners: set[RunnerProcess] = set()  # every live runner (the guard counts none of the others)
         self.spawning = 0  # a runner being forked is nobody's yet: the guard waits
@@ -594,6 +602,7 @@ class Rank:
             notes.append(f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect")
         if self.mode == "cpu":
             notes.append("cpu: for development, not a measurement (gloo on CPU tensors)")
+        notes.append(_candidate_sandbox_note(self.world_size))
         notes.append(f"limits per candidate and rank: {self.limits.describe()}, the first and last "
                      f"{limits.OUTPUT_HALF_BYTES // 2**20} MiB of its output kept")
         return notes
@@ -626,6 +635,68 @@ class Rank:
                 port = s.getsockname()[1]
         return int(self.agree(port)[0])
 
+    def _candidate_netns(self) -> tuple[sandbox.NetNamespace | None, str | None]:
+        """The candidate group's network namespace on this host, made by judge 0 and handed to the
+        other judges over an abstract unix socket (they may not open /proc/PID/ns of another
+        judge's child: Landlock scopes ptrace to a judge's own domain); or None and why not.
+        Every judge calls it at the same point (collectives)."""
+        why = _net_unrestricted_reason(self.world_size)
+        if why is not None:
+            return None, f"network not restricted: {why}"
+        made: sandbox.NetNamespace | str | None = None
+        listener = None
+        name = None
+        if self.rank == 0:
+            made = self.netns_unavailable or sandbox.make_net_namespace()
+            if isinstance(made, str):
+                self.netns_unavailable = made  # the kernel will not change its mind within a batch
+            if isinstance(made, sandbox.NetNamespace):
+                try:
+                    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    name = f"\0pkb-netns-{secrets.token_hex(16)}"
+                    listener.bind(name)
+                    listener.listen(self.world_size)
+                except OSError as exc:
+                    made.close()
+                    made = f"no socket to hand the namespace out ({exc})"
+        said = self.agree((os.getpid(), name, made if isinstance(made, str) else None))
+        name, error = said[0][1], said[0][2]
+        if error is not None:
+            return None, f"network not restricted: {error}"
+        ns: sandbox.NetNamespace | None = None
+        problem = None
+        if self.rank == 0 and listener is not None:
+            assert isinstance(made, sandbox.NetNamespace)
+            ns = made
+            problem = _hand_out_fds(listener, ns, {pid for pid, _, _ in said[1:]})
+        else:
+            got = _fetch_fds(str(name))
+            ns, problem = (got, None) if isinstance(got, sandbox.NetNamespace) else (None, got)
+        problems = [p for p in self.agree(problem) if p]
+        if problems:
+            if ns is not None:
+                ns.close()
+            return None, f"network not restricted: {problems[0]}"
+        return ns, None
+
+    def read_denials_for(self, item: RunItem | None) -> dict[str, Any]:
+        """What this item's candidate runner may not read, for its init (engine.sandbox), or
+        nothing when reads are left open (PKB_SANDBOX_READS=0: said in the run's notes)."""
+        if os.environ.get("PKB_SANDBOX_READS", "1") == "0":
+            return {}  # said in the batch's notes
+        own = None
+        if item is not None and (item.model_path or item.solution_path):
+            own = sandbox.real_path(item.model_path or Path(str(item.solution_path)).parent)
+        others = [d for d in self.spec.get("model_dirs") or [] if sandbox.real_path(d) != own]
+        if item is not None and not self.spec.get("model_dirs"):
+            others = [sandbox.real_path(i.model_path) for i in self.items if i.model_path and sandbox.real_path(i.model_path) != own]
+        db = self.spec.get("db_path")
+        # Other batches' folders and other models' JIT caches too (the runner's own is granted back).
+        shared = [self.spec["runs_dir"]] if self.spec.get("runs_dir") else []
+        denials = sandbox.candidate_read_denials(self.log_dir, Path(db) if db else None, _PROJECT_ROOT, others,
+                                                 [*shared, sandbox.jit_cache_dir("")])
+        return {"read_denials": denials.to_dict(), "model_dir": own}
+
     def _start_runners(self, wanted: list[tuple[str, Path]], deadline: float) -> list[RunnerProcess]:
         """Start runners side by side (their start-ups overlap) and wait until each one's process
         group is up; every judge agrees on any failure, and the runners are stopped till needed."""
@@ -637,11 +708,19 @@ class Rank:
                                 f"({float(self.request.timeout_s):g} s); no runner was started")
             wanted = []
         ports = [self._port() for _ in wanted]
+        netns, net_note = self._candidate_netns() if any(label == "candidate" for label, _ in wanted) else (None, None)
+        if net_note is not None and self.item is not None and _net_unrestricted_reason(self.world_size) is None:
+            # A namespace that could not be made (the batch's note says what was meant).
+            self.emit(ev.RunNote(item=self.item.index, note=f"the candidate's sandbox: {net_note}"))
         runners = []
-        for (label, log_path), port in zip(wanted, ports):
-            runners.append(RunnerProcess(self, label, port, log_path))
-            if label == "candidate":
-                self.guarded = runners[-1]
+        try:
+            for (label, log_path), port in zip(wanted, ports):
+                runners.append(RunnerProcess(self, label, port, log_path, netns if label == "candidate" else None))
+                if label == "candidate":
+                    self.guarded = runners[-1]
+        finally:
+            if netns is not None:
+                netns.close()  # the runner is in it now (or never will be): it lives as long as its members
         # A runner that dies while its group forms leaves its peers waiting in the rendezvous: its
         # judge says so at once (the abort key) and the other judges stop waiting on theirs.
         abort = self._aborted(self.item) if self.item is not None else None
@@ -1480,6 +1559,83 @@ def _model_key(item: RunItem | None) -> str:
     return f"{name}-{hashlib.blake2b(str(Path(item.model_path).resolve()).encode(), digest_size=6).hexdigest()}"
 
 
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _candidate_sandbox_note(world_size: int) -> str:
+    """What the candidates' sandbox enforces on this kernel, as the run's notes say it (a runner
+    that could not apply a part says so in a note of its own)."""
+    abi = sandbox.landlock_abi()
+    if os.environ.get("PKB_SANDBOX", "1") == "0":
+        parts = ["writes and reads not restricted (PKB_SANDBOX=0)"]
+    elif abi <= 0:
+        parts = ["writes and reads not restricted (this kernel has no Landlock)"]
+    else:
+        parts = [f"writes only to its scratch and JIT cache (Landlock ABI {abi})"]
+        if os.environ.get("PKB_SANDBOX_READS", "1") == "0":
+            parts.append("reads not restricted: PKB_SANDBOX_READS=0")
+        else:
+            parts.append("reads of the home folders, the database, the batch folder, other models' folders and the "
+                         "project (but pkb_tui/, collectors/, tasks/) refused")
+    why = _net_unrestricted_reason(world_size)
+    parts.append("network: a namespace of the model's own ranks on this host, loopback only" if why is None
+                 else f"network not restricted: {why}")
+    return "candidate sandbox: " + "; ".join(parts)
+
+
+def _net_unrestricted_reason(world_size: int) -> str | None:
+    """Why a candidate group keeps the host's network (None: it gets a namespace of its own)."""
+    if os.environ.get("PKB_SANDBOX", "1") == "0":
+        return "PKB_SANDBOX=0"
+    if os.environ.get("PKB_SANDBOX_NET", "1") == "0":
+        return "PKB_SANDBOX_NET=0"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size) or world_size)
+    if local != world_size:
+        return "the candidate's ranks span several nodes (--nnodes > 1) and need the real network"
+    return None
+
+
+def _hand_out_fds(listener: socket.socket, ns: sandbox.NetNamespace, judges: set[int], timeout_s: float = 60.0) -> str | None:
+    """Judge 0: give the namespace's descriptors to each other judge (known by pid: SO_PEERCRED),
+    to no one else. None when every judge has them."""
+    end = _monotonic() + timeout_s
+    waiting = set(judges)
+    try:
+        while waiting:
+            left = end - _monotonic()
+            if left <= 0:
+                return f"{len(waiting)} judge(s) did not come for the network namespace"
+            listener.settimeout(left)
+            try:
+                conn, _ = listener.accept()
+            except OSError as exc:
+                return f"handing out the network namespace failed ({exc})"
+            with conn:
+                pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+                if pid in waiting:
+                    socket.send_fds(conn, [b"u" if ns.user_fd is not None else b"n"], ns.fds())
+                    waiting.discard(pid)
+        return None
+    finally:
+        listener.close()
+
+
+def _fetch_fds(name: str, timeout_s: float = 60.0) -> sandbox.NetNamespace | str:
+    """Another judge: judge 0's namespace descriptors, or why not."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout_s)
+            conn.connect(name)
+            data, fds, _, _ = socket.recv_fds(conn, 1, 2)
+    except OSError as exc:
+        return f"judge 0's network namespace did not arrive ({exc})"
+    if len(fds) != (2 if data == b"u" else 1):
+        for fd in fds:
+            os.close(fd)
+        return "judge 0's network namespace came incomplete"
+    return sandbox.NetNamespace(net_fd=fds[-1], user_fd=fds[0] if data == b"u" else None)
+
+
 def runner_env() -> dict[str, str]:
     """A runner's environment: the judge's, less its secrets and torchrun's rendezvous."""
     return {**{k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}, "PYTHONUNBUFFERED": "1"}
@@ -1492,6 +1648,10 @@ def start_runner_subprocess(fds: dict[str, int], env: dict[str, str], cwd: str) 
     if "arena" in fds:
         env["PKB_ARENA_FD"] = str(fds["arena"])
         passed.append(fds["arena"])
+    if "netns" in fds:  # the candidate group's network namespace (and user namespace): joined first thing
+        netns = [fds[k] for k in ("userns", "netns") if k in fds]
+        env["PKB_NETNS_FDS"] = ",".join(str(fd) for fd in netns)
+        passed += netns
     return subprocess.Popen(
         [sys.executable, "-m", "pkb_tui.engine.runner"], pass_fds=passed, stdin=subprocess.DEVNULL,
         stdout=fds["log"], stderr=fds["log"], env=env, cwd=cwd, start_new_session=True,
