@@ -195,7 +195,7 @@ def main() -> int:
             for node in run["node_telemetry"]:
                 print(f"      {node_telemetry_line(node)}")
             for line in node_wire_lines(run):
-                print(f"      wire per call, {line}")
+                print(f"      {line}")
             report["runs"].append({
                 "id": run_id, "task": run["task_id"], "model": run["model"], "status": run["status"],
                 "status_detail": run.get("status_detail"), "baseline_median_us": base.get("median_us"),

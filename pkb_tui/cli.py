@@ -917,7 +917,7 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     for node in run["node_telemetry"]:
         out.write(f"  {node_telemetry_line(node)}\n")
     for line in node_wire_lines(run):
-        out.write(f"  wire per call, {line}\n")
+        out.write(f"  {line}\n")
     if run.get("log_path"):
         out.write(f"  log: {run['log_path']}\n")
     from pkb_tui.export import PERFETTO_HINT, trace_files

@@ -172,10 +172,39 @@ def test_node_wire_sums_each_nodes_gpus_and_takes_its_nic_against_the_models_on_
 def test_node_wire_is_stored_with_the_result_and_read_back(tmp_path) -> None:
     topology = Topology.of(4, 2)
     rows = node_wire([{"nvlink_bytes_per_iter": 1.0}] * 4, [0, 0, 1, 1], {0: "a", 1: "b"}, topology, None, "nccl")
+    (run_id, *_) = seed_runs(tmp_path / "runs.db")
     with Store(tmp_path / "runs.db") as store:
-        run_id = store.create_run({"task_id": "all_reduce", "model": "m", "world_size": 4, "mode": "nccl",
-                                   "dtype": "float32", "size": "small", "trials": 1, "status": "passed"})
         store.add_result(run_id, "candidate", {"median_us": 10.0, "node_wire": rows})
         run = store.run(run_id)
     assert run["results"]["candidate"]["node_wire"] == rows
-    assert [line.split(":")[0] for line in node_wire_lines(run)] == ["node 0 (a) candidate", "node 1 (b) candidate"]
+    assert [line.split(":")[0] for line in node_wire_lines(run)] == ["wire per call, node 0 (a) candidate",
+                                                                      "wire per call, node 1 (b) candidate"]
+
+
+def test_the_result_screen_and_show_say_each_nodes_wire_bytes_against_the_model(tmp_path, monkeypatch, cli) -> None:
+    from tasks.base import Traffic
+
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "runs.db"
+    ids = seed_runs(db)
+    topology = Topology.of(4, 2)
+    traffic = [Traffic(send_bytes=3_000_000, recv_bytes=3_000_000, memory_bytes=0)] * 4
+    per_rank = [{"nvlink_bytes_per_iter": 1e6, "nic_tx_bytes": 4e6, "nic_rx_bytes": 4e6, "nic_iterations": 2},
+                {"nvlink_bytes_per_iter": 1e6}, {"nic_reason": "no physical network interface"}, {}]
+    wire = node_wire(per_rank, [0, 0, 1, 1], {0: "head-box", 1: "gpu-node-b"}, topology, traffic, "nccl")
+    with Store(db) as store:
+        store.add_result(ids[2], "candidate", {"node_wire": wire})
+    app = PkbApp(config=app_config(db))
+
+    async def main() -> str:
+        async with app.run_test(size=(200, 50)) as pilot:
+            await pilot.app.workers.wait_for_complete()
+            app.open_result(ids[2])
+            await pilot.pause(0.5)
+            return screen_text(app)
+
+    text = asyncio.run(main())
+    assert "wire per call, node 0 (head-box) candidate: GPU links 2 MB/call (model 2 MB, 1.00x); NIC out 2 MB/call (model 4 MB, 0.50x)" in text
+    assert "node 1 (gpu-node-b) candidate: GPU links n/a: no link counters" in text
+    result = cli("--db", str(db), "show", str(ids[2]))
+    assert result.code == 0 and "NIC n/a: no physical network interface" in result.out, result.out

@@ -845,7 +845,7 @@ def _against(measured: float, model: float | None) -> str:
     return f" (model {_bytes_text(model)}{ratio})"
 
 
-def node_wire_line(variant: str, node: dict[str, Any]) -> str:
+def node_wire_line(variant: str, node: dict[str, Any], *, with_note: bool = True) -> str:
     """One node's wire bytes per call for one variant (results.node_wire) in words, as `pkb-tui
     show` and the Result screen say it: its GPUs' links against the model's on-node bytes, its
     NICs against the model's off-node bytes; "n/a: why" where a counter is missing, never 0."""
@@ -864,13 +864,19 @@ def node_wire_line(variant: str, node: dict[str, Any]) -> str:
     line = f"node {node.get('node')} ({node.get('host') or '?'}) {variant}: {links}; {nic}"
     if model_na:
         line += f"; model n/a: {model_na}"
-    if node.get("note"):
+    if with_note and node.get("note"):
         line += f" [{node['note']}]"
     return line
 
 
 def node_wire_lines(run: dict[str, Any]) -> list[str]:
-    """Every node's wire line of a run (Store.run's dict), baseline first; empty for a one-node run."""
-    return [node_wire_line(variant, node)
-            for variant in ("baseline", "candidate")
+    """Every node's wire line of a run (Store.run's dict), baseline first, as `pkb-tui show` and the
+    Result screen print them; a note every node shares said once at the end. Empty on one node."""
+    rows = [(variant, node) for variant in ("baseline", "candidate")
             for node in (run.get("results", {}).get(variant, {}).get("node_wire") or [])]
+    notes = {node.get("note") for _, node in rows}
+    shared = notes.pop() if len(notes) == 1 else None
+    lines = [f"wire per call, {node_wire_line(variant, node, with_note=shared is None)}" for variant, node in rows]
+    if shared:
+        lines.append(f"({shared})")
+    return lines

@@ -351,7 +351,7 @@ class ResultScreen(Screen):
         for node in run.get("node_telemetry") or []:  # a multi-node run: what each node sampled
             head.append(Text(node_telemetry_line(node), style="dim"))
         for line in node_wire_lines(run):  # and the bytes on its links and NICs against the traffic model
-            head.append(Text(f"wire per call, {line}", style="dim"))
+            head.append(Text(line, style="dim"))
         if run.get("log_path"):
             head.append(Text(f"log: {run['log_path']}", style="dim"))
         from pkb_tui.export import PERFETTO_HINT, trace_files
