@@ -10,7 +10,8 @@ collectives, baseline and torch-p2p, size small, one trial. Prints each run's ve
 each run's per-node telemetry and wire lines (GPU links and NICs against the traffic model), and
 Live's per-node rendering: the batch's own events (as the launcher passed them on) replayed into
 the Textual app headless at the last node status seen while a run was going; the SVG is saved as
-OUT/live_nodes.svg, the text as OUT/live_nodes.txt; everything as OUT/multinode_check.json.
+OUT/live_nodes.svg, the text as OUT/live_nodes.txt; everything as OUT/multinode_check.json, the
+events the app was told as OUT/events.jsonl.
 
 Bounded: the batch is cancelled at --budget-s (runs not done are recorded as interrupted or
 cancelled and the figures so far still print), each run has a 60 s timeout, node 1's agent is
@@ -204,6 +205,9 @@ def main() -> int:
                                                                        for v in ("baseline", "candidate")},
                 "notes": run.get("notes"),
             })
+    with open(out / "events.jsonl", "w") as f:  # what the app was told, in order (a replay fixture)
+        for event, run_id in recorded:
+            f.write(json.dumps({"run_id": run_id, **json.loads(event.to_json())}) + "\n")
     node_status = [e for e, _ in recorded if isinstance(e, ev.NodeStatus)]
     report["node_status_events"] = len(node_status)
     report["last_node_status"] = node_status[-1].nodes if node_status else None

@@ -208,3 +208,80 @@ def test_the_result_screen_and_show_say_each_nodes_wire_bytes_against_the_model(
     assert "node 1 (gpu-node-b) candidate: GPU links n/a: no link counters" in text
     result = cli("--db", str(db), "show", str(ids[2]))
     assert result.code == 0 and "NIC n/a: no physical network interface" in result.out, result.out
+
+
+def recorded_batch() -> list[tuple[ev.Event, int | None]]:
+    """A real two-node batch's events as its launcher passed them on (all_reduce x torch-p2p, cpu,
+    1 rank per node, two "nodes" on one VM), recorded by bench/multinode_gpu_check.py."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    kinds = {**ev.EVENT_TYPES, ev.NodeStatus.name: ev.NodeStatus}
+    out = []
+    for line in (Path(__file__).parent / "fixtures" / "two_node_batch.jsonl").read_text().splitlines():
+        data = json.loads(line)
+        cls = kinds[data["event"]]
+        names = {f.name for f in dataclasses.fields(cls)}
+        out.append((cls(**{k: v for k, v in data.items() if k in names}), data["run_id"]))
+    return out
+
+
+def test_a_recorded_two_node_batch_replayed_shows_both_nodes_and_a_late_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    seed_runs(tmp_path / "runs.db")
+    events = recorded_batch()
+    finished = next(i for i, (e, _) in enumerate(events) if isinstance(e, ev.RunFinished))
+    moment = max(i for i, (e, _) in enumerate(events[:finished]) if isinstance(e, ev.NodeStatus))
+    status = events[moment][0]
+    assert isinstance(status, ev.NodeStatus) and [n["node"] for n in status.nodes] == [0, 1]
+    ago = status.ts - status.nodes[1]["heard_at"]
+    texts = []
+    for later_s in (0.0, 6.0):
+        app = PkbApp(config=app_config(tmp_path / "runs.db", clock=lambda: status.ts + later_s))
+
+        async def main() -> str:
+            async with app.run_test(size=(120, 40)) as pilot:
+                await replay(pilot, events[:moment + 1], world_size=2)
+                return screen_text(app)
+
+        texts.append(asyncio.run(main()))
+    now, late = texts
+    host = status.nodes[1]["host"]
+    rows = [line for line in now.splitlines() if line.startswith(("0 ", "1 ")) and host in line]
+    assert len(rows) == 2 and "head" in rows[0] and f"{ago:.1f} s ago" in rows[1], now
+    assert "n/a: no GPU sampled on this node" in rows[1] and "B/s /" in rows[1]  # the VM's NIC counted
+    assert f"silent for {ago + 6:.0f} s" in late
+
+
+def test_the_nic_tally_adds_a_variants_blocks_and_says_why_when_it_cannot_count() -> None:
+    from collectors.host import NO_NIC_REASON, NicTally, read_nic_bytes
+
+    readings = iter([(100.0, 50.0), (160.0, 80.0), (200.0, 90.0), (260.0, 130.0)])
+    tally = NicTally(read=lambda: next(readings))
+    for _ in range(2):
+        tally.begin()
+        tally.end(5)
+    assert tally.figures() == {"nic_tx_bytes": 120.0, "nic_rx_bytes": 70.0, "nic_iterations": 10}
+    assert NicTally(read=lambda: None).figures() == {"nic_reason": "no timed block was counted"}
+    missing = NicTally(read=lambda: None)
+    missing.begin()
+    missing.end(5)
+    assert missing.figures() == {"nic_reason": NO_NIC_REASON}
+    reset = iter([(100.0, 50.0), (10.0, 80.0)])
+    went_back = NicTally(read=lambda: next(reset))
+    went_back.begin()
+    went_back.end(5)
+    assert "went back" in went_back.figures()["nic_reason"]
+    # This machine's own counters: a pair of byte counts, or None where it has no NIC at all.
+    assert read_nic_bytes() is None or all(v >= 0 for v in read_nic_bytes())  # type: ignore[union-attr]
+
+
+def test_live_node_sums_a_nodes_gpus_and_says_why_a_figure_is_missing() -> None:
+    figures = live_node(1, "b", FIXED_NOW, {0: _gpu(0, 10e9), 1: _gpu(1, 30e9), -1: _host(None)})
+    assert figures["gpus"] == 2 and figures["link_tx_bytes_per_s"] == 40e9 and figures["link_rx_bytes_per_s"] == 20e9
+    assert figures["nic_tx_bytes_per_s"] is None and figures["nic_na"] == "no NIC counters on this host"
+    no_nvlink = GpuSample(ts=FIXED_NOW, gpu=0, pcie_tx_bytes_per_s=1e9)
+    figures = live_node(1, "b", None, {0: no_nvlink})
+    assert figures["link_tx_bytes_per_s"] is None and figures["link_na"] == "NVML counts no NVLink traffic here"
+    assert figures["nic_na"] == "no host sample yet" and figures["pcie_tx_bytes_per_s"] == 1e9
