@@ -206,8 +206,8 @@ def main() -> int:
                 "notes": run.get("notes"),
             })
     with open(out / "events.jsonl", "w") as f:  # what the app was told, in order (a replay fixture)
-        for event, run_id in recorded:
-            f.write(json.dumps({"run_id": run_id, **json.loads(event.to_json())}) + "\n")
+        for event, event_run in recorded:
+            f.write(json.dumps({"run_id": event_run, **json.loads(event.to_json())}) + "\n")
     node_status = [e for e, _ in recorded if isinstance(e, ev.NodeStatus)]
     report["node_status_events"] = len(node_status)
     report["last_node_status"] = node_status[-1].nodes if node_status else None

@@ -177,7 +177,7 @@ def node_wire(
     out = []
     for node in sorted(set(rank_nodes)):
         ranks = [r for r, n in enumerate(rank_nodes) if n == node]
-        entries = [per_rank[r] if r < len(per_rank) and per_rank[r] else {} for r in ranks]
+        entries: list[Mapping[str, Any]] = [per_rank[r] or {} if r < len(per_rank) else {} for r in ranks]
         row: dict[str, Any] = {"node": node, "host": hosts.get(node, "?"), "ranks": ranks}
         # GPU links: every rank of the node must have counted, else the sum would read low.
         links = [e.get("nvlink_bytes_per_iter") for e in entries]
