@@ -281,7 +281,11 @@ def test_live_node_sums_a_nodes_gpus_and_says_why_a_figure_is_missing() -> None:
     figures = live_node(1, "b", FIXED_NOW, {0: _gpu(0, 10e9), 1: _gpu(1, 30e9), -1: _host(None)})
     assert figures["gpus"] == 2 and figures["link_tx_bytes_per_s"] == 40e9 and figures["link_rx_bytes_per_s"] == 20e9
     assert figures["nic_tx_bytes_per_s"] is None and figures["nic_na"] == "no NIC counters on this host"
-    no_nvlink = GpuSample(ts=FIXED_NOW, gpu=0, pcie_tx_bytes_per_s=1e9)
+    no_nvlink = GpuSample(ts=FIXED_NOW, gpu=0, pcie_tx_bytes_per_s=1e9, pcie_rx_bytes_per_s=5e8)
     figures = live_node(1, "b", None, {0: no_nvlink})
     assert figures["link_tx_bytes_per_s"] is None and figures["link_na"] == "NVML counts no NVLink traffic here"
     assert figures["nic_na"] == "no host sample yet" and figures["pcie_tx_bytes_per_s"] == 1e9
+    from pkb_tui.app.screens.live import node_lines
+
+    text = "\n".join(line.plain for line in node_lines([figures, {**figures, "node": 2}], FIXED_NOW, 20.0, 120))
+    assert "PCIe 1 GB/s / 500 MB/s (1 GPU)" in text  # no NVLink figure: the GPU's PCIe instead

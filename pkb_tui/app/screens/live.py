@@ -358,7 +358,7 @@ def _pair(tx: float | None, rx: float | None, why: str | None) -> Text:
 def node_lines(nodes: list[dict], now: float, node_timeout_s: float | None, width: int) -> list[Text]:
     """The nodes of a multi-node batch (LiveState.nodes) as Live shows them: a header, then per
     node its host, how long ago the head heard from it ("silent for N s" once late), its GPUs'
-    NVLink bytes/s out / in (summed) and its NICs' bytes/s out / in."""
+    NVLink bytes/s out / in (summed; PCIe where NVML has no NVLink figure) and its NICs' bytes/s."""
     from pkb_tui.engine.nodes import LATE_AFTER_S
 
     host_width = max(8, min(24, width // 6))
@@ -389,7 +389,11 @@ def node_lines(nodes: list[dict], now: float, node_timeout_s: float | None, widt
             else:
                 heard, style = f"{age:.1f} s ago", ""
         line.append(f"{heard:<{heard_width}}", style=style)
-        links = _pair(node.get("link_tx_bytes_per_s"), node.get("link_rx_bytes_per_s"), node.get("link_na"))
+        if node.get("link_tx_bytes_per_s") is None and node.get("pcie_tx_bytes_per_s") is not None:
+            # no NVLink figure (a PCIe box, a VM): the GPUs' PCIe is their link to everything else
+            links = Text("PCIe ", style="dim") + _pair(node.get("pcie_tx_bytes_per_s"), node.get("pcie_rx_bytes_per_s"), None)
+        else:
+            links = _pair(node.get("link_tx_bytes_per_s"), node.get("link_rx_bytes_per_s"), node.get("link_na"))
         gpus = node.get("gpus") or 0
         if gpus:
             links.append(f" ({gpus} GPU{'s' if gpus != 1 else ''})", style="dim")
