@@ -221,29 +221,74 @@ class HostSampler:
         return None
 
     def _nic_bytes(self) -> tuple[float, float] | None:
-        """(transmitted, received) bytes so far over the physical interfaces and InfiniBand ports;
-        None where there is neither."""
-        tx = rx = 0.0
-        found = False
-        text = _read(self.proc / "net" / "dev")
-        for line in (text or "").splitlines()[2:]:
-            name, _, rest = line.partition(":")
-            name = name.strip()
-            fields = rest.split()
-            if name == "lo" or len(fields) < 9 or not (self.sys / "class" / "net" / name / "device").exists():
-                continue  # loopback and virtual interfaces (bridges, veth, tunnels) cross no wire
-            rx, tx, found = rx + float(fields[0]), tx + float(fields[8]), True
-        ports = self.sys / "class" / "infiniband"
+        return read_nic_bytes(self.proc, self.sys)
+
+
+def read_nic_bytes(proc_root: str | Path = "/proc", sys_root: str | Path = "/sys") -> tuple[float, float] | None:
+    """(transmitted, received) bytes so far over the physical interfaces and InfiniBand ports;
+    None where there is neither."""
+    proc, sys_ = Path(proc_root), Path(sys_root)
+    tx = rx = 0.0
+    found = False
+    text = _read(proc / "net" / "dev")
+    for line in (text or "").splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        name = name.strip()
+        fields = rest.split()
+        if name == "lo" or len(fields) < 9 or not (sys_ / "class" / "net" / name / "device").exists():
+            continue  # loopback and virtual interfaces (bridges, veth, tunnels) cross no wire
+        rx, tx, found = rx + float(fields[0]), tx + float(fields[8]), True
+    ports = sys_ / "class" / "infiniband"
+    try:
+        counters = sorted(ports.glob("*/ports/*/counters"))
+    except OSError:
+        counters = []
+    for folder in counters:
+        sent, got = _read(folder / "port_xmit_data"), _read(folder / "port_rcv_data")
+        if sent is None or got is None:
+            continue
         try:
-            counters = sorted(ports.glob("*/ports/*/counters"))
-        except OSError:
-            counters = []
-        for folder in counters:
-            sent, got = _read(folder / "port_xmit_data"), _read(folder / "port_rcv_data")
-            if sent is None or got is None:
-                continue
-            try:
-                tx, rx, found = tx + 4 * float(sent), rx + 4 * float(got), True
-            except ValueError:
-                continue
-        return (tx, rx) if found else None
+            tx, rx, found = tx + 4 * float(sent), rx + 4 * float(got), True
+        except ValueError:
+            continue
+    return (tx, rx) if found else None
+
+
+NO_NIC_REASON = "no physical network interface or InfiniBand port counters on this host"
+
+
+class NicTally:
+    """A node's NIC bytes over a set of windows (one variant's timed blocks, interleaved with the
+    other's): ``begin()`` just before a block, ``end(calls)`` just after, ``figures()`` at the end.
+    Each read is one /proc/net/dev and sysfs pass (~0.1 ms), taken outside the timed window."""
+
+    def __init__(self, read: Callable[[], tuple[float, float] | None] = read_nic_bytes) -> None:
+        self._read = read
+        self._start: tuple[float, float] | None = None
+        self.tx_bytes = 0.0
+        self.rx_bytes = 0.0
+        self.calls = 0
+        self.reason: str | None = None
+
+    def begin(self) -> None:
+        self._start = self._read() if self.reason is None else None
+        if self._start is None and self.reason is None:
+            self.reason = NO_NIC_REASON
+
+    def end(self, calls: int) -> None:
+        start, self._start = self._start, None
+        if start is None:
+            return
+        end = self._read()
+        if end is None or end[0] < start[0] or end[1] < start[1]:
+            self.reason = "the NIC counters vanished or went back (reset) during timing"
+            return
+        self.tx_bytes += end[0] - start[0]
+        self.rx_bytes += end[1] - start[1]
+        self.calls += calls
+
+    def figures(self) -> dict[str, Any]:
+        """nic_tx_bytes / nic_rx_bytes over nic_iterations calls, or nic_reason (never zeros for "unknown")."""
+        if self.reason is not None or self.calls == 0:
+            return {"nic_reason": self.reason or "no timed block was counted"}
+        return {"nic_tx_bytes": self.tx_bytes, "nic_rx_bytes": self.rx_bytes, "nic_iterations": self.calls}

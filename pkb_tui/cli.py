@@ -613,7 +613,8 @@ def _run_summary(run: dict[str, Any]) -> dict[str, Any]:
             "roofline_floor_us", "roofline_fraction", "roofline_bound", "bandwidth_source",
             "link_bytes_per_iter", "pcie_bytes_per_iter", "traffic_flag", "traffic",
             "timing_method", "rounds", "eager_median_us", "eager_p10_us", "eager_p90_us", "graph_median_us",
-            "graph_p10_us", "graph_p90_us", "graph_note", "roofline_latency_us")
+            "graph_p10_us", "graph_p90_us", "graph_note", "roofline_latency_us",
+            "node_wire")  # per node of a multi-node run: wire bytes per call against the model (None: one node)
     interval = ("speedup_low", "speedup_high", "speedup_eager", "speedup_eager_low", "speedup_eager_high",
                 "speedup_graph", "speedup_graph_low", "speedup_graph_high", "speedup_note", "noise_floor_fraction")
     return {
@@ -892,7 +893,7 @@ def _measurement_note(mode: str) -> str | None:
 
 def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from pkb_tui.store import Store
-    from pkb_tui.store.store import node_telemetry_line
+    from pkb_tui.store.store import node_telemetry_line, node_wire_lines
 
     with Store(db) as store:
         run = store.run(args.run_id, basis=args.speedup_basis)
@@ -922,6 +923,8 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
             f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]) + "\n")
     for node in run["node_telemetry"]:
         out.write(f"  {node_telemetry_line(node)}\n")
+    for line in node_wire_lines(run):
+        out.write(f"  {line}\n")
     if run.get("log_path"):
         out.write(f"  log: {run['log_path']}\n")
     from pkb_tui.export import PERFETTO_HINT, trace_files

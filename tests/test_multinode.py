@@ -5,6 +5,7 @@ agent killed mid-run ends that run as error, and nothing is left running on eith
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -119,6 +120,18 @@ def test_eight_collectives_at_two_nodes_of_two_ranks_are_judged_into_the_heads_d
         assert len([t for t in full["trial_results"] if t["trial"] >= 0]) == 1
         assert full["results"]["baseline"]["median_us"] > 0 and full["results"]["candidate"]["median_us"] > 0
         assert any("node 1 (" in note and "clock offset" in note for note in full["notes"])
+        # Per node, both variants' wire bytes against the traffic model: no GPU link counters in
+        # cpu mode (n/a, never 0), the NIC counted over the timed blocks, the nodes on one host.
+        for variant in ("baseline", "candidate"):
+            wire = full["results"][variant]["node_wire"]
+            # (judge 0, rank 0, may sit on node 1: c10d numbers the nodes as they arrive)
+            assert [n["node"] for n in wire] == [0, 1] and sorted(r for n in wire for r in n["ranks"]) == [0, 1, 2, 3]
+            assert all(n["link_bytes_per_iter"] is None and n["link_na"] == "no GPU: cpu mode" for n in wire), wire
+            assert all((n["nic_tx_bytes_per_iter"] is None) == bool(n["nic_na"]) for n in wire), wire
+            assert all(n["model_off_node_send_bytes_per_iter"] + n["model_off_node_recv_bytes_per_iter"] > 0
+                       and "loopback" in n["note"] for n in wire), wire
+    document = json.loads(out)
+    assert all(len(r["candidate"]["node_wire"]) == 2 for r in document["runs"]), "run --json carries node_wire"
     conn = sqlite3.connect(head / "runs.db")
     nodes_sampled = {row[0] for row in conn.execute("SELECT DISTINCT node FROM samples WHERE run_id IS NOT NULL")}
     conn.close()
@@ -126,6 +139,7 @@ def test_eight_collectives_at_two_nodes_of_two_ranks_are_judged_into_the_heads_d
     shown = _pkb(["--db", str(head / "runs.db"), "show", str(runs[-1]["id"])], head, env)
     code, out, err = _finish(shown, 60)
     assert code == 0 and "node 0 (" in out and "node 1 (" in out, err + out
+    assert "wire per call, node 0 (" in out and "wire per call, node 1 (" in out and "GPU links n/a: no GPU" in out, out
     assert _none_left(tmp_path) == {}
 
 

@@ -52,6 +52,10 @@ class LiveState:
     item_seconds: list[float] = field(default_factory=list)  # how long each finished run of the batch took
     # Per-iteration times of the current run as they stream (variant -> µs per call, in order).
     timing_samples: dict[str, list[float]] = field(default_factory=dict)
+    # A multi-node batch: every node as the head last saw it (engine.nodes.live_node), and how long
+    # a node may stay silent before the head gives it up. Empty on one node.
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    node_timeout_s: float | None = None
     version: int = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -176,6 +180,9 @@ class LiveState:
             self.kernels.sort(key=lambda k: -(k.get("total_us") or 0.0))
         elif isinstance(event, ev.Error):
             self.errors.append(event)
+        elif isinstance(event, ev.NodeStatus):
+            self.nodes = [dict(node) for node in event.nodes]
+            self.node_timeout_s = event.node_timeout_s
         elif isinstance(event, ev.RunFinished):
             line = self.line_for(item, run_id)
             if line is not None:

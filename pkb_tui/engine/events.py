@@ -188,6 +188,18 @@ class DatabaseLost(Event):
     recovery_path: str | None = None
 
 
+@dataclass
+class NodeStatus(Event):
+    """Every node of a multi-node batch as the head sees it, about once a second, for Live: per
+    node (engine.nodes.live_node) its host, when it was last heard from (``heard_at``, Unix seconds
+    on the head's clock), its GPUs' link and its NICs' bytes/s (None with ``*_na``: not measured)."""
+
+    name: ClassVar[str] = "node_status"
+    ts: float
+    node_timeout_s: float
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.name: cls for cls in (
         BatchStarted, RunStarted, RunNote, Progress, TrialResult, Timing, BlockTimes, Kernels, LinkBytes, Error, RunFinished,

@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -36,6 +37,9 @@ from pkb_tui.engine.nodes import (
     HEARTBEAT_S,
     Rendezvous,
     is_loopback,
+    live_node,
+    node_wire,
+    rank_nodes_of,
     start_node_ranks,
 )
 from pkb_tui.engine.request import RunItem, RunRequest
@@ -105,6 +109,7 @@ class _Node:
     running: bool = False
     ended_launch: int = 0
     pings: list[tuple[float, float]] = field(default_factory=list)  # (round trip s, offset s)
+    latest: dict[int, Any] = field(default_factory=dict)  # its newest sample per GPU (-1: the host row), for Live
 
     @property
     def clock_offset_s(self) -> float:
@@ -495,7 +500,19 @@ class Launcher:
             sample.ts = float(sample.ts) - offset
             sample.host_id, sample.node, sample.run_id = node.host_id, node.rank, self._run_id
             samples.append(sample)
+            if sample.ts >= getattr(node.latest.get(sample.gpu), "ts", -1.0):
+                node.latest[sample.gpu] = sample
         sink.put(samples)
+
+    def _node_status(self) -> ev.NodeStatus:
+        """Every node as the head sees it now, for Live: its host, when it was last heard from (on
+        this clock), its GPUs' link rates and its NICs' from its newest samples."""
+        now = time.time()
+        ring = getattr(self.telemetry, "ring", None)
+        head = live_node(0, socket.gethostname(), now, ring.latest_per_gpu() if ring is not None else {})
+        others = [live_node(node.rank, node.host, now - (time.monotonic() - node.peer.last_heard), node.latest)
+                  for node in sorted(self._nodes.values(), key=lambda n: n.rank)]
+        return ev.NodeStatus(ts=now, node_timeout_s=self.cluster.node_timeout_s, nodes=[head, *others])
 
     def _ping_nodes(self) -> None:
         assert self._server is not None
@@ -664,6 +681,7 @@ class Launcher:
             state = states.get(item_index) if item_index is not None else None
             if isinstance(event, ev.BatchStarted):
                 self._on_batch_started(store, states, items, event)
+                self._rank_nodes = list(event.rank_nodes or [])
                 # CPU use per rank: each node follows its own ranks' processes (pids are per host)
                 nodes = event.rank_nodes or [0] * len(event.rank_pids or [])
                 by_node: dict[int, dict[int, int]] = {}
@@ -741,6 +759,8 @@ class Launcher:
                 if lost is None and now - last_ping >= HEARTBEAT_S:
                     last_ping = now
                     self._ping_nodes()  # the head's heartbeat to every node, and a clock sample
+                    if on_event is not None and self.cluster.multi_node:
+                        on_event(self._node_status(), None)
                     silent = next((n for n in self._nodes.values()
                                    if now - n.peer.last_heard > self.cluster.node_timeout_s), None)
                     if silent is not None:
@@ -886,6 +906,8 @@ class Launcher:
                 if median_us:
                     fields.update(self._roofline(traffic, median_us, request))
             link = state.link_bytes.get(variant)
+            if self.cluster.multi_node and timing_event is not None:
+                fields["node_wire"] = self._node_wire(link, request, state.item.task)
             if link is not None:
                 fields["link_bytes_per_iter"] = link.nvlink_bytes_per_iter
                 fields["pcie_bytes_per_iter"] = link.pcie_bytes_per_iter
@@ -917,15 +939,29 @@ class Launcher:
         except ValueError:
             return {}
 
-    def _traffic(self, task_id: str, request: RunRequest) -> Traffic | None:
-        """The task's roofline model, the busiest rank's figure for each quantity."""
+    def _rank_traffic(self, task_id: str, request: RunRequest) -> list[Traffic] | None:
+        """The task's traffic model of each rank; None where the task has none for this request."""
         try:
             task = load_task(task_id)
-            per_rank = [
+            return [
                 task.traffic(task.context(rank=r, world_size=request.world_size, dtype=request.dtype, size=request.size))
                 for r in range(request.world_size)
             ]
         except Exception:
+            return None
+
+    def _node_wire(self, link: ev.LinkBytes | None, request: RunRequest, task_id: str) -> list[dict[str, Any]]:
+        """Per node, one variant's wire bytes per call against the traffic model (nodes.node_wire)."""
+        topology = self._topology
+        hosts = {0: socket.gethostname()}  # (the run's host is judge 0's, which may sit on another node)
+        hosts.update({n.rank: n.host for n in self._nodes.values()})
+        return node_wire(link.per_rank if link is not None else [], rank_nodes_of(getattr(self, "_rank_nodes", None), topology),
+                         hosts, topology, self._rank_traffic(task_id, request), self._mode)
+
+    def _traffic(self, task_id: str, request: RunRequest) -> Traffic | None:
+        """The task's roofline model, the busiest rank's figure for each quantity."""
+        per_rank = self._rank_traffic(task_id, request)
+        if not per_rank:
             return None
         # The floor's terms each grow with one quantity, so the busiest rank's floor is the floor of
         # the per-quantity maxima; the compute term weighs flops by their TF32 share, so flops and

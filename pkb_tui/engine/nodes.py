@@ -14,11 +14,17 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pkb_tui.engine.solutions import PROJECT_ROOT
+from pkb_tui.engine.topology import Topology
+
+if TYPE_CHECKING:
+    from collectors.sample import GpuSample
+    from tasks.base import Traffic
 
 # Never let a rank switch NVLink multicast on (it can take a shared host's GPUs out of service).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -117,3 +123,93 @@ def is_loopback(host: str) -> bool:
                    for info in socket.getaddrinfo(host, None))
     except OSError:
         return False
+
+
+# ---------------------------------------------------------------------------- per node: Live and wire bytes
+LATE_AFTER_S = 3 * HEARTBEAT_S  # a node not heard from this long is "silent" on Live (lost at its node timeout)
+
+
+def live_node(node: int, host: str, heard_at: float | None, latest: Mapping[int, GpuSample]) -> dict[str, Any]:
+    """One node as Live shows it, from its latest sample per GPU and its host row (``latest``, as
+    RingBuffer.latest_per_gpu gives): its GPUs' NVLink and PCIe rates summed, its NICs' rates.
+    A figure that was not measured is None with the reason in ``*_na``, never 0."""
+    gpus = [s for gpu, s in sorted(latest.items()) if gpu >= 0]
+    host_row = latest.get(-1)
+
+    def total(name: str) -> float | None:
+        values = [getattr(s, name) for s in gpus]
+        return float(sum(values)) if gpus and all(v is not None for v in values) else None
+
+    out: dict[str, Any] = {
+        "node": node, "host": host, "heard_at": heard_at, "gpus": len(gpus),
+        "link_tx_bytes_per_s": total("nvlink_tx_bytes_per_s"), "link_rx_bytes_per_s": total("nvlink_rx_bytes_per_s"),
+        "pcie_tx_bytes_per_s": total("pcie_tx_bytes_per_s"), "pcie_rx_bytes_per_s": total("pcie_rx_bytes_per_s"),
+        "nic_tx_bytes_per_s": host_row.nic_tx_bytes_per_s if host_row is not None else None,
+        "nic_rx_bytes_per_s": host_row.nic_rx_bytes_per_s if host_row is not None else None,
+        "sampled_at": max((s.ts for s in latest.values()), default=None),
+    }
+    out["link_na"] = (None if out["link_tx_bytes_per_s"] is not None else
+                      "no GPU sampled on this node" if not gpus else "NVML counts no NVLink traffic here")
+    out["nic_na"] = (None if out["nic_tx_bytes_per_s"] is not None else
+                     "no host sample yet" if host_row is None else "no NIC counters on this host")
+    return out
+
+
+def rank_nodes_of(rank_nodes: Sequence[int] | None, topology: Topology) -> list[int]:
+    """Each rank's node: as the ranks said (BatchStarted.rank_nodes), else torchrun's numbering."""
+    if rank_nodes and len(rank_nodes) == topology.world_size:
+        return [int(n) for n in rank_nodes]
+    return [topology.node_of(r) for r in range(topology.world_size)]
+
+
+def node_wire(
+    per_rank: Sequence[Mapping[str, Any] | None], rank_nodes: Sequence[int], hosts: Mapping[int, str],
+    topology: Topology, rank_traffic: Sequence[Traffic] | None, mode: str,
+) -> list[dict[str, Any]]:
+    """Per node, for one variant's timed blocks: the bytes per call its GPUs' links carried (the
+    busier direction of each GPU's NVLink, summed over the node's ranks) and its NICs carried
+    (counted by the node's first rank over the same blocks), against what the traffic model says
+    the node's ranks must move on-node and off-node: each rank's bytes split by the share of its
+    peers on other nodes (Topology.cross_node_share). A figure that was not measured is None with
+    ``*_na`` saying why, never 0. ``per_rank``: LinkBytes.per_rank (None or {} for a rank that sent none)."""
+    share = topology.cross_node_share()
+    same_host = len(set(hosts.values())) == 1 and len(hosts) > 1
+    out = []
+    for node in sorted(set(rank_nodes)):
+        ranks = [r for r, n in enumerate(rank_nodes) if n == node]
+        entries: list[Mapping[str, Any]] = [per_rank[r] or {} if r < len(per_rank) else {} for r in ranks]
+        row: dict[str, Any] = {"node": node, "host": hosts.get(node, "?"), "ranks": ranks}
+        # GPU links: every rank of the node must have counted, else the sum would read low.
+        links = [e.get("nvlink_bytes_per_iter") for e in entries]
+        if mode == "shared-gpu":
+            row["link_bytes_per_iter"], row["link_na"] = None, "the node's ranks share one GPU (shared-gpu mode)"
+        elif entries and all(v is not None for v in links):
+            row["link_bytes_per_iter"], row["link_na"] = float(sum(links)), None  # type: ignore[arg-type]
+        else:
+            reason = next((e.get("reason") for e in entries if e.get("reason")), None)
+            row["link_bytes_per_iter"] = None
+            row["link_na"] = reason or ("no GPU: cpu mode" if mode == "cpu" else "no link counters came from this node's ranks")
+        counted = next((e for e in entries if e.get("nic_iterations")), None)
+        if counted is not None:
+            calls = float(counted["nic_iterations"])
+            row["nic_tx_bytes_per_iter"] = float(counted["nic_tx_bytes"]) / calls
+            row["nic_rx_bytes_per_iter"] = float(counted["nic_rx_bytes"]) / calls
+            row["nic_na"] = None
+        else:
+            row["nic_tx_bytes_per_iter"] = row["nic_rx_bytes_per_iter"] = None
+            row["nic_na"] = next((e.get("nic_reason") for e in entries if e.get("nic_reason")), None) or \
+                "no NIC figures came from this node's ranks"
+        if rank_traffic is not None and len(rank_traffic) == len(rank_nodes):
+            mine = [rank_traffic[r] for r in ranks]
+            row["model_on_node_bytes_per_iter"] = sum(t.wire_bytes for t in mine) * (1.0 - share)
+            row["model_off_node_send_bytes_per_iter"] = sum(t.send_bytes for t in mine) * share
+            row["model_off_node_recv_bytes_per_iter"] = sum(t.recv_bytes for t in mine) * share
+            row["model_na"] = None
+        else:
+            row["model_on_node_bytes_per_iter"] = row["model_off_node_send_bytes_per_iter"] = None
+            row["model_off_node_recv_bytes_per_iter"] = None
+            row["model_na"] = "the task has no traffic model for this size"
+        # Two "nodes" on one host talk over loopback: their NICs carry none of it.
+        row["note"] = "the nodes share one host: what crosses between them goes over loopback, not a NIC" if same_host else None
+        out.append(row)
+    return out

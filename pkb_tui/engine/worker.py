@@ -1067,6 +1067,11 @@ class Rank:
             series[("baseline", "graph-null")] = Series()
         phases: dict[str, list[dict]] = {v: [] for v, _ in variants}
         counters = {v: _phase_counters(self.device) for v, _ in variants}
+        # Across nodes, each node's first rank also counts its host's NIC bytes over each variant's
+        # timed blocks (what crossed to the other nodes); the launcher compares them per node with
+        # the traffic model (nodes.node_wire).
+        nic = ({v: _nic_tally() for v, _ in variants}
+               if self.local_rank == 0 and int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)) < self.world_size else None)
 
         def fresh(label: Any, calls: int) -> tuple[list[Any], list[Any], list[Any]]:
             inputs = [task.make_inputs(self._context(task, item, ("timing", label, k))) for k in range(calls)]
@@ -1153,10 +1158,14 @@ class Rank:
                         for how in methods:
                             if series[(variant, how)].note:
                                 continue
+                            if nic is not None and how == "eager":
+                                nic[variant].begin()
                             block, outputs, reply = self._call(
                                 runner, inputs, expected, how, deadline, abort, timed=True,
                                 counters=counters[variant] if how == "eager" else None,
                                 idle_check=candidate if variant == "baseline" and candidate_ok else None)
+                            if nic is not None and how == "eager":
+                                nic[variant].end(calls)
                             if how == "eager" and counters[variant] is not None:
                                 phases[variant].append(counters[variant].stop(calls))
                             if reply.get("graph_error"):
@@ -1198,8 +1207,13 @@ class Rank:
         gathered = self.gather({k: [[(b.wall_us, b.reported_us, b.calls, b.wake_in_us, b.wake_out_us) for b in r]
                                     for r in s.rounds]
                                 for k, s in ((f"{k[0]}|{k[1]}", s) for k, s in series.items())})
-        link_all = {v: self.gather(combine_phases(phases[v], calls * len(phases[v])) if counters[v] is not None and phases[v] else None)
-                    for v, _ in variants}
+        def phase_figures(v: str) -> dict[str, Any] | None:
+            entry = combine_phases(phases[v], calls * len(phases[v])) if counters[v] is not None and phases[v] else None
+            if nic is not None and v in nic:
+                entry = {**(entry or {}), **nic[v].figures()}
+            return entry
+
+        link_all = {v: self.gather(phase_figures(v)) for v, _ in variants}
         tampered: str | None = None
         if self.rank == 0 and gathered is not None:
             tampered = self._emit_timings(item, variants, methods, series, gathered, link_all, calls)
@@ -1682,6 +1696,12 @@ def _phase_counters(device: torch.device) -> Any:
         return PhaseCounters(device.index if device.index is not None else 0)
     except Exception:  # noqa: BLE001
         return None
+
+
+def _nic_tally() -> Any:
+    from collectors.host import NicTally
+
+    return NicTally()
 
 
 def _max_field(rows: list[dict | None], key: str) -> float | None:

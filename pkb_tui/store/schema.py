@@ -427,5 +427,13 @@ _V_NODES = [
     "ALTER TABLE samples ADD COLUMN nic_rx_bytes_per_s REAL",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_BATCHES, _V_NODES]
+# Wire bytes per node of a multi-node run (issue 16): per variant, a JSON list with one object per
+# node: the bytes per call its GPUs' links and its NICs carried over the variant's timed blocks and
+# what the traffic model says the node must move on-node and off-node (engine.nodes.node_wire);
+# a figure not measured is null with the reason beside it. NULL: a one-node run.
+_V_NODE_WIRE = [
+    "ALTER TABLE results ADD COLUMN node_wire TEXT",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_BATCHES, _V_NODES, _V_NODE_WIRE]
 SCHEMA_VERSION = len(MIGRATIONS)

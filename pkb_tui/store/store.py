@@ -124,6 +124,8 @@ def upsert_result(conn: sqlite3.Connection, run_id: int, variant: str, fields: d
     fields = {**fields, "run_id": run_id, "variant": variant}
     if isinstance(fields.get("traffic"), dict):
         fields["traffic"] = json.dumps(fields["traffic"])
+    if isinstance(fields.get("node_wire"), list):
+        fields["node_wire"] = json.dumps(fields["node_wire"])
     cols = ", ".join(fields)
     marks = ", ".join("?" for _ in fields)
     updates = ", ".join(f"{k}=excluded.{k}" for k in fields if k not in ("run_id", "variant"))
@@ -637,6 +639,8 @@ class Store(GenerateStore):
             result = dict(result)
             if result.get("traffic"):
                 result["traffic"] = json.loads(result["traffic"])
+            if result.get("node_wire"):
+                result["node_wire"] = json.loads(result["node_wire"])
             run["results"][result["variant"]] = result_with_basis(result, basis)
         run["trial_results"] = []  # "trials" stays the count asked for
         for trial in self.conn.execute("SELECT * FROM trials WHERE run_id=? ORDER BY trial", (run_id,)):
@@ -825,3 +829,54 @@ def node_telemetry_line(node: dict[str, Any]) -> str:
     nic = (f", NIC {nic_tx / 1e6:.1f} MB/s out / {nic_rx / 1e6:.1f} MB/s in (mean)"
            if nic_tx is not None and nic_rx is not None else ", NIC n/a")
     return f"node {node['node']} ({node['hostname'] or '?'}): {node['samples']} samples, {cpu}{links}{nic}"
+
+
+def _bytes_text(value: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def _against(measured: float, model: float | None) -> str:
+    if model is None:
+        return ""
+    ratio = f", {measured / model:.2f}x" if model > 0 else ""
+    return f" (model {_bytes_text(model)}{ratio})"
+
+
+def node_wire_line(variant: str, node: dict[str, Any], *, with_note: bool = True) -> str:
+    """One node's wire bytes per call for one variant (results.node_wire) in words, as `pkb-tui
+    show` and the Result screen say it: its GPUs' links against the model's on-node bytes, its
+    NICs against the model's off-node bytes; "n/a: why" where a counter is missing, never 0."""
+    model_na = node.get("model_na")
+    link = node.get("link_bytes_per_iter")
+    if link is not None:
+        links = f"GPU links {_bytes_text(link)}/call{_against(link, node.get('model_on_node_bytes_per_iter'))}"
+    else:
+        links = f"GPU links n/a: {node.get('link_na') or 'not measured'}"
+    tx, rx = node.get("nic_tx_bytes_per_iter"), node.get("nic_rx_bytes_per_iter")
+    if tx is not None and rx is not None:
+        nic = (f"NIC out {_bytes_text(tx)}/call{_against(tx, node.get('model_off_node_send_bytes_per_iter'))}, "
+               f"in {_bytes_text(rx)}/call{_against(rx, node.get('model_off_node_recv_bytes_per_iter'))}")
+    else:
+        nic = f"NIC n/a: {node.get('nic_na') or 'not measured'}"
+    line = f"node {node.get('node')} ({node.get('host') or '?'}) {variant}: {links}; {nic}"
+    if model_na:
+        line += f"; model n/a: {model_na}"
+    if with_note and node.get("note"):
+        line += f" [{node['note']}]"
+    return line
+
+
+def node_wire_lines(run: dict[str, Any]) -> list[str]:
+    """Every node's wire line of a run (Store.run's dict), baseline first, as `pkb-tui show` and the
+    Result screen print them; a note every node shares said once at the end. Empty on one node."""
+    rows = [(variant, node) for variant in ("baseline", "candidate")
+            for node in (run.get("results", {}).get(variant, {}).get("node_wire") or [])]
+    notes = {node.get("note") for _, node in rows}
+    shared = notes.pop() if len(notes) == 1 else None
+    lines = [f"wire per call, {node_wire_line(variant, node, with_note=shared is None)}" for variant, node in rows]
+    if shared:
+        lines.append(f"({shared})")
+    return lines

@@ -1,5 +1,6 @@
 """Live: the batch in progress. What runs now (task, model), progress bars for the run and the batch
-with the time left (from the runs this batch finished), the per-iteration timing as it streams
+with the time left (from the runs this batch finished), on a multi-node batch one line per node
+(host, heartbeat age or "silent for N s", its GPUs' link and its NICs' bytes/s), the per-iteration timing as it streams
 (running medians with their intervals, the speedup), the telemetry sparklines at 4 Hz, the kernel
 table as soon as a profile is in, the runs of the batch with their marks, and the tail of the
 run's log. `x` cancels (the run is recorded as interrupted)."""
@@ -59,6 +60,7 @@ class LiveScreen(Screen):
         yield NavBar("live")
         yield Static("", id="live-head")
         yield LinesView(id="live-progress")
+        yield LinesView(id="live-nodes")
         yield TimingStream(id="live-timing")
         with VerticalScroll(id="live-telemetry-box"):
             yield TelemetryPanel(id="live-telemetry")
@@ -110,6 +112,7 @@ class LiveScreen(Screen):
             self._draw_kernels(state)
             self._feed_timing(state)
         self._draw_progress(state)
+        self._draw_nodes(state)
         self._ticks += 1
         if self._ticks % 2 == 1:
             self._draw_log(state)
@@ -185,6 +188,15 @@ class LiveScreen(Screen):
         batch.append(bar(batch_fraction, bar_width), style="green")
         batch.append(f" {batch_fraction * 100:3.0f}%  {done}/{len(state.runs)} runs done  {_left(batch_left)}", style="")
         view.set_lines([item, batch])
+
+    def _draw_nodes(self, state: LiveState) -> None:
+        """One line per node of a multi-node batch while it runs; nothing on one node."""
+        view = self.query_one("#live-nodes", LinesView)
+        if not state.running or len(state.nodes) < 2:
+            view.set_lines([])
+            return
+        view.set_lines(node_lines(state.nodes, self.pkb.config.clock(), state.node_timeout_s,
+                                  view.size.width or self.size.width))
 
     def _feed_timing(self, state: LiveState) -> None:
         """Pass the timing samples that arrived since the last frame on to the timing widget."""
@@ -328,3 +340,66 @@ class LiveScreen(Screen):
 
 def _left(seconds: float | None) -> str:
     return "time left n/a (after the first run)" if seconds is None else f"~{fmt_duration(seconds)} left"
+
+
+def _rate(value: float) -> str:
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B/s"
+
+
+def _pair(tx: float | None, rx: float | None, why: str | None) -> Text:
+    if tx is None or rx is None:
+        return Text(f"n/a: {why or 'not measured'}", style="dim")
+    return Text(f"{_rate(tx)} / {_rate(rx)}")
+
+
+def node_lines(nodes: list[dict], now: float, node_timeout_s: float | None, width: int) -> list[Text]:
+    """The nodes of a multi-node batch (LiveState.nodes) as Live shows them: a header, then per
+    node its host, how long ago the head heard from it ("silent for N s" once late), its GPUs'
+    NVLink bytes/s out / in (summed; PCIe where NVML has no NVLink figure) and its NICs' bytes/s."""
+    from pkb_tui.engine.nodes import LATE_AFTER_S
+
+    host_width = max(8, min(24, width // 6))
+    heard_width = 18
+    column = max(16, (width - 6 - host_width - heard_width - 2) // 2)
+    head = Text(no_wrap=True, overflow="ellipsis", style="bold")
+    head.append("node  ")
+    head.append(f"{'host':<{host_width}} ")
+    head.append(f"{'heard':<{heard_width}}")
+    head.append(f"{'GPU links out / in':<{column}} ")
+    head.append("NIC out / in")
+    lines = [head]
+    for node in nodes:
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(f"{node.get('node', '?')!s:<6}")
+        line.append(f"{truncate(str(node.get('host') or '?'), host_width):<{host_width}} ")
+        heard_at = node.get("heard_at")
+        if node.get("node") == 0:
+            heard, style = "head", "dim"
+        elif heard_at is None:
+            heard, style = "not yet", "dim"
+        else:
+            age = max(0.0, now - float(heard_at))
+            if node_timeout_s is not None and age >= node_timeout_s:
+                heard, style = f"silent {age:.0f} s: lost", "bold red"
+            elif age >= LATE_AFTER_S:
+                heard, style = f"silent for {age:.0f} s", "bold yellow"
+            else:
+                heard, style = f"{age:.1f} s ago", ""
+        line.append(f"{heard:<{heard_width}}", style=style)
+        if node.get("link_tx_bytes_per_s") is None and node.get("pcie_tx_bytes_per_s") is not None:
+            # no NVLink figure (a PCIe box, a VM): the GPUs' PCIe is their link to everything else
+            links = Text("PCIe ", style="dim") + _pair(node.get("pcie_tx_bytes_per_s"), node.get("pcie_rx_bytes_per_s"), None)
+        else:
+            links = _pair(node.get("link_tx_bytes_per_s"), node.get("link_rx_bytes_per_s"), node.get("link_na"))
+        gpus = node.get("gpus") or 0
+        if gpus:
+            links.append(f" ({gpus} GPU{'s' if gpus != 1 else ''})", style="dim")
+        links.truncate(column, overflow="ellipsis", pad=True)
+        line.append_text(links)
+        line.append(" ")
+        line.append_text(_pair(node.get("nic_tx_bytes_per_s"), node.get("nic_rx_bytes_per_s"), node.get("nic_na")))
+        lines.append(line)
+    return lines

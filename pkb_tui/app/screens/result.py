@@ -35,7 +35,7 @@ from pkb_tui.app.widgets.chart import PlotextChart
 from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.engine.modes import CPU_MODE_LABEL
 from pkb_tui.errors import PkbError
-from pkb_tui.store.store import node_telemetry_line
+from pkb_tui.store.store import node_telemetry_line, node_wire_lines
 
 if TYPE_CHECKING:
     from pkb_tui.app.app import PkbApp
@@ -350,6 +350,8 @@ class ResultScreen(Screen):
                 f"r{r['rank']} {r['mean_pct']:.0f}/{r['max_pct']:.0f}%" for r in run["rank_cpu"]), style="dim"))
         for node in run.get("node_telemetry") or []:  # a multi-node run: what each node sampled
             head.append(Text(node_telemetry_line(node), style="dim"))
+        for line in node_wire_lines(run):  # and the bytes on its links and NICs against the traffic model
+            head.append(Text(line, style="dim"))
         if run.get("log_path"):
             head.append(Text(f"log: {run['log_path']}", style="dim"))
         from pkb_tui.export import PERFETTO_HINT, trace_files
