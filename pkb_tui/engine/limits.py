@@ -44,6 +44,9 @@ GIB = 2**30
 DEFAULT_MAX_TASKS = 512
 OUTPUT_HALF_BYTES = 1 << 20
 GUARD_INTERVAL_S = 0.25
+# Lines the harness itself causes in a candidate's output, left out of its last words: in the
+# model's network namespace (engine.sandbox) torch's c10d cannot look up its peers' host names.
+HARNESS_NOISE = ("[c10d] The hostname of the client socket cannot be retrieved",)
 
 
 # Cores' worth of CPU time per second of timeout a candidate's rank may take at most (see above).
@@ -296,7 +299,8 @@ class OutputCapture:
         """The last non-empty lines printed (for a verdict's 'last words')."""
         with self._lock:
             data = b"".join(self._tail) if self._tail else bytes(self._head)
-        lines = [line.strip() for line in data[-8192:].decode(errors="replace").splitlines() if line.strip()]
+        lines = [line.strip() for line in data[-8192:].decode(errors="replace").splitlines()
+                 if line.strip() and not any(noise in line for noise in HARNESS_NOISE)]
         return " | ".join(lines[-count:])[:600]
 
     def close(self, wait_s: float = 1.0) -> None:

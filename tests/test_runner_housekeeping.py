@@ -1,5 +1,5 @@
-"""CUDA IPC files in /dev/shm (cuda.shm.<uid>.<pid hex>.<n>), which the driver leaves after its
-process exits (H200, driver 580): a runner's go with it; the launcher sweeps the batch's dead ones."""
+"""What a runner leaves behind: its CUDA IPC files in /dev/shm (cuda.shm.<uid>.<pid hex>.<n>, which
+the driver leaves after its process exits: H200, driver 580), and lines in its output the harness caused."""
 
 from __future__ import annotations
 
@@ -52,3 +52,16 @@ def test_the_sweep_takes_dead_processes_files_of_this_batch_only() -> None:
     finally:
         for path in (fresh_dead, live, old_dead):
             path.unlink(missing_ok=True)
+
+
+def test_last_words_leave_out_the_namespace_s_host_name_warning(tmp_path: Path) -> None:
+    """In the model's network namespace torch's c10d warns it cannot look up a peer's host name;
+    that line is the harness's, not the candidate's last words."""
+    from pkb_tui.engine.limits import OutputCapture
+
+    capture = OutputCapture(tmp_path / "runner.log")
+    os.write(capture.write_fd, b"CUDA error: an illegal memory access was encountered\n"
+             b"[W1203 21:26:11.192786806 socket.cpp:207] [c10d] The hostname of the client socket cannot be "
+             b"retrieved. err=-3\n")
+    capture.close()
+    assert capture.last_lines(2) == "CUDA error: an illegal memory access was encountered"
