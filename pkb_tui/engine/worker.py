@@ -537,6 +537,14 @@ class Rank:
         ))
         try:
             for item in self.items:
+                lost = self._context_lost()
+                if lost:
+                    # Before this item started, so nobody is charged: the launcher relaunches the
+                    # judges (fresh CUDA contexts) for the items left, this one first.
+                    print(f"rank {self.rank}: this judge's CUDA context is unusable ({lost}); ending the launch "
+                          f"before item {item.index} so the rest runs on fresh judges", file=sys.stderr, flush=True)
+                    self._end_runners()
+                    os._exit(1)
                 self.current_item, self.item = item.index, item
                 self._redirect_output(item)
                 try:
@@ -801,6 +809,21 @@ class Rank:
         return CandidateFailure(*first) if first else None
 
     # ------------------------------------------------------------------ one (task, model)
+    def _context_lost(self) -> str | None:
+        """Why this judge's CUDA context cannot be used any more, or None. Measured on the H200 in
+        shared-gpu mode (MPS): a candidate runner killed while its kernel ran left every client of
+        the GPU with a sticky "illegal memory access", the judges included, so the next model's run
+        died on its first allocation and was reported as an error of its own. MPS shares one GPU
+        fault among its clients; a context that saw one is never reused (issue 13, item 5)."""
+        if self.device.type != "cuda":
+            return None
+        try:
+            torch.empty(1, device=self.device).fill_(0.0)
+            torch.cuda.synchronize(self.device)
+        except Exception as exc:  # noqa: BLE001 - any CUDA error here means the context is gone
+            return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return None
+
     def run_item(self, item: RunItem) -> None:
         req = self.request
         self.emit(ev.RunStarted(item=item.index, task=item.task, model=item.model, trials=req.trials))
