@@ -42,15 +42,16 @@ def test_the_sweep_takes_dead_processes_files_of_this_batch_only() -> None:
     dead, dead_before = _dead_pids(2)
     started = time.time() - 1.0
     fresh_dead, live, old_dead = _ipc_file(dead), _ipc_file(os.getpid()), _ipc_file(dead_before)
-    for path in (fresh_dead, live, old_dead):
+    torch_dead, torch_live = SHM / f"torch_{dead}_123_0", SHM / f"torch_{os.getpid()}_123_0"
+    for path in (fresh_dead, live, old_dead, torch_dead, torch_live):
         path.write_bytes(b"x")
     os.utime(old_dead, (started - 3600, started - 3600))  # before the batch: not ours to judge
     try:
-        assert procs.sweep_cuda_ipc_files(since_s=started) >= 1
-        assert not fresh_dead.exists()
-        assert live.exists() and old_dead.exists()
+        assert procs.sweep_cuda_ipc_files(since_s=started) >= 2
+        assert not fresh_dead.exists() and not torch_dead.exists()
+        assert live.exists() and old_dead.exists() and torch_live.exists()
     finally:
-        for path in (fresh_dead, live, old_dead):
+        for path in (fresh_dead, live, old_dead, torch_dead, torch_live):
             path.unlink(missing_ok=True)
 
 

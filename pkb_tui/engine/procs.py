@@ -171,15 +171,26 @@ def remove_cuda_ipc_files(pid: int) -> None:
             pass
 
 
+def _owner_pid(path: str) -> int:
+    name = os.path.basename(path)
+    if name.startswith("torch_"):
+        return int(name.split("_")[1])
+    return int(name.split(".")[-2], 16)
+
+
 def sweep_cuda_ipc_files(since_s: float) -> int:
-    """Remove this user's cuda.shm files made since ``since_s`` (wall clock) whose process is gone
-    (judges and runners of the batch just ended, killed ones included). Older files, and those
-    of a live process, are someone else's business. Returns how many went."""
+    """Remove this user's IPC files in /dev/shm made since ``since_s`` (wall clock) whose process
+    is gone: the driver's cuda.shm.<uid>.<pid hex>.<n> and torch's reference counts of shared CUDA
+    tensors, torch_<pid>_<n>_<n> (left by a judge that ended with os._exit, as after a poisoned
+    CUDA context: seen on the H200). Judges and runners of the batch just ended, killed ones
+    included. Older files, and those of a live process, are someone else's business. Returns how
+    many went."""
     removed = 0
-    for path in glob.glob(CUDA_IPC_GLOB.format(uid=os.getuid(), pid="*")):
+    paths = glob.glob(CUDA_IPC_GLOB.format(uid=os.getuid(), pid="*")) + glob.glob("/dev/shm/torch_*_*_*")
+    for path in paths:
         try:
-            pid = int(path.split(".")[-2], 16)
-            if os.stat(path).st_mtime < since_s or alive(pid):
+            pid = _owner_pid(path)
+            if os.stat(path).st_uid != os.getuid() or os.stat(path).st_mtime < since_s or alive(pid):
                 continue
             os.unlink(path)
             removed += 1
