@@ -69,9 +69,11 @@ def test_the_table_shows_every_gpu_and_unavailable_as_na():
 def test_ctrl_c_ends_the_monitor_cleanly(tmp_path):
     env = {**os.environ, "PKB_FORCE_CPU": "1", "PYTHONPATH": str(ROOT)}
     code = (
-        # SIGUSR1 prints every thread's stack: what it waits on, should it not end (seen once in
-        # CI under load, never reproduced alone)
+        # SIGUSR1 prints every thread's stack: what it waits on, should it not end
         "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1); "
+        # As a terminal gives it: a test run in the background of a shell without job control
+        # inherits SIGINT ignored, and Python then keeps it ignored (the CI hang of this test).
+        "signal.signal(signal.SIGINT, signal.default_int_handler); "
         "from collectors.monitor import monitor_command; "
         f"sys.exit(monitor_command({str(tmp_path / 'runs.db')!r}, None, 0.05, True, True))"
     )
