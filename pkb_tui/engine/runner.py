@@ -79,6 +79,10 @@ class Runner:
         import torch.distributed as dist
 
         os.chdir(self.init["scratch_dir"])
+        if self.init.get("cpus"):  # engine.placement: first, so every thread started later inherits it
+            from pkb_tui.engine.placement import pin_process
+
+            pin_process(frozenset(self.init["cpus"]))
         note = None
         if self.init.get("netns"):
             # Only loopback here: gloo and NCCL must not look for the host's interfaces.

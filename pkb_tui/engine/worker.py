@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from collectors.counters import combine_phases
-from pkb_tui.engine import channel, forkserver, limits, procs, sandbox, stats
+from pkb_tui.engine import channel, forkserver, limits, placement, procs, sandbox, stats
 from pkb_tui.engine import events as ev
 from pkb_tui.engine.compare import (
     Comparison,
@@ -193,6 +193,7 @@ class RunnerProcess:
             "port": port, "netns": netns is not None,
             "scratch_dir": str(scratch), "jit_dir": str(jit_dir), "timeout_s": max(30.0, float(judge.request.timeout_s)),
             "sandbox": os.environ.get("PKB_SANDBOX", "1") != "0",
+            "cpus": sorted(judge.placement.runners),  # both variants' runners on the same CPUs
             **(judge.read_denials_for(item) if label == "candidate" else {}),
         })
         self.started = False
@@ -508,6 +509,7 @@ class Rank:
     def main(self) -> int:
         os.chdir(self.spec["scratch_dir"])
         self.sandbox_note = self._restrict_writes()
+        self._place()
         _become_subreaper()  # a runner's double-forked children come back to this judge, to be ended
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -538,11 +540,12 @@ class Rank:
         try:
             for item in self.items:
                 lost = self._context_lost()
-                if lost:
+                why = f"this judge's CUDA context is unusable ({lost})" if lost else self._scheduling_lost()
+                if why:
                     # Before this item started, so nobody is charged: the launcher relaunches the
-                    # judges (fresh CUDA contexts) for the items left, this one first.
-                    print(f"rank {self.rank}: this judge's CUDA context is unusable ({lost}); ending the launch "
-                          f"before item {item.index} so the rest runs on fresh judges", file=sys.stderr, flush=True)
+                    # judges (fresh CUDA contexts, the launcher's scheduling) for the items left.
+                    print(f"rank {self.rank}: {why}; ending the launch before item {item.index} so the rest runs "
+                          f"on fresh judges", file=sys.stderr, flush=True)
                     self._end_runners()
                     os._exit(1)
                 self.current_item, self.item = item.index, item
@@ -603,8 +606,39 @@ class Rank:
 
         return restrict_writes(default_writable(Path(self.spec["log_dir"])))
 
+    def _place(self) -> None:
+        """This judge onto its CPUs (engine.placement), before it starts threads or its fork
+        server (they inherit them); what it and the baseline's runner must keep running with."""
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        self.placement = placement.plan(self.local_rank, local_world)
+        if self.placement.pinned:
+            placement.pin_process(self.placement.judge)
+        own = placement.Scheduling.of(os.getpid())
+        self.judge_scheduling = own
+        self.runner_scheduling = placement.Scheduling(self.placement.runners or own.cpus, own.nice, own.policy)
+
+    def _scheduling_lost(self) -> str | None:
+        """Before an item: this judge and its fork server (whose children are the next runners)
+        run as placed. A candidate of an earlier item may have moved them; what cannot be put back
+        (a raised nice, without CAP_SYS_NICE) ends the launch, as a lost CUDA context does."""
+        checks = [(os.getpid(), "this judge")]
+        if self.forkserver is not None and self.forkserver.pid:
+            checks.append((self.forkserver.pid, "its fork server"))
+        for pid, who in checks:
+            still = placement.restore(pid, self.judge_scheduling, who)
+            if still:
+                return still.replace("timing tampered: ", "", 1)
+        return None
+
+    def _scheduling_moved(self, runner: RunnerProcess) -> str | None:
+        """Before a timed baseline block: the sentence when the baseline's runner or this judge no
+        longer runs where and how it was placed (a candidate of the same uid can move both)."""
+        return (placement.moved(runner.pid, self.runner_scheduling, f"the baseline's runner on rank {self.rank}")
+                or placement.moved(os.getpid(), self.judge_scheduling, f"judge {self.rank}"))
+
     def mode_notes(self) -> list[str]:
         notes = [self.sandbox_note] if self.sandbox_note else []
+        notes.append(self.placement.note)
         if self.mode == "shared-gpu":
             mps = "on" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "off"
             notes.append(f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect")
@@ -948,6 +982,13 @@ class Rank:
         except CandidateFailure as exc:
             failure = exc
             self._signal_abort(self.current_item)
+        if failure is None and timed and idle_check is not None:
+            # ``idle_check``: the candidate's runner, stopped. It may have moved the baseline's runner
+            # or this judge onto a busy CPU or to a lower priority (no capability needed).
+            moved = self._scheduling_moved(runner)
+            if moved is not None:
+                failure = CandidateFailure("failed", moved)
+                self._signal_abort(self.current_item)
         if failure is None and timed and idle_check is not None and self.device.type == "cuda":
             # ``idle_check``: the candidate's runner, stopped; nothing of it may still run on the GPU.
             failure = await_idle_gpu(self._gpu_probe_us, lambda: self._kill_candidate(idle_check))
@@ -1114,7 +1155,7 @@ class Rank:
         # (no speedup then); gross figures, the same harness on both sides, for development.
         null_blocks = kind == "cuda"
         failure = None
-        warm_us: list[float] = []
+        warm_us: dict[str, list[float]] = {m: [] for m in methods}
         try:
             inputs, expected, _ = fresh("warmup", warm_calls)
             for variant, runner in variants:
@@ -1123,12 +1164,12 @@ class Rank:
                     if reply.get("graph_error"):
                         series[(variant, how)].note = str(reply["graph_error"])[:300]
                     if variant == "baseline" and how == "eager" and not null_blocks:
-                        warm_us.append(per_call_us(block.wall_us, 0.0, block.calls))
+                        warm_us[how].append(per_call_us(block.wall_us, 0.0, block.calls))
                     elif variant == "baseline":
                         null_block = self._call(runner, inputs, expected, "null" if how == "eager" else "graph-null",
                                                 deadline, abort)[0]
-                        if how == "eager":  # the call's own time, the harness's share taken off
-                            warm_us.append(per_call_us(block.wall_us, null_block.wall_us, block.calls))
+                        if not reply.get("graph_error"):  # the call's own time, the harness's share taken off
+                            warm_us[how].append(per_call_us(block.wall_us, null_block.wall_us, block.calls))
         except CandidateFailure as exc:
             failure = exc
         candidate_failure: CandidateFailure | None = None
@@ -1157,11 +1198,19 @@ class Rank:
             note = next((n.get(m) for n in notes if n.get(m)), None)
             if note and candidate_ok:
                 series[("candidate", m)].note = note
-        warm_call_us = max(self.agree(max(warm_us) if warm_us else 1.0))
-        calls = int(max(1, min(calls_by_memory, MAX_CALLS_PER_BLOCK[kind],
-                               math.ceil(TARGET_BLOCK_US[kind] / max(warm_call_us, 1.0)))))
+        # Per method: a graph call is often 10-100x shorter than the same call eager (the host's
+        # launch cost is gone), and a block sized by the eager figure then held a few hundred us of
+        # GPU work under ~350 us of harness share with ~100 us of jitter (H200 self-check,
+        # 2026-12-04: graph ratios 0.14-3.5 for the same code). Each method gets ~TARGET_BLOCK_US.
+        warm_agreed = self.agree({m: max(v) for m, v in warm_us.items() if v})
+        calls_for: dict[str, int] = {}
+        for how in methods:
+            seen = [w[how] for w in warm_agreed if how in w] or [w["eager"] for w in warm_agreed if "eager" in w] or [1.0]
+            calls_for[how] = int(max(1, min(calls_by_memory, MAX_CALLS_PER_BLOCK[kind],
+                                            math.ceil(TARGET_BLOCK_US[kind] / max(max(seen), 1.0)))))
+        calls = max(calls_for.values())  # fresh inputs per round: enough for the longest block
         per_round = BLOCKS_PER_ROUND[kind]
-        least_rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(req.iterations / (calls * per_round)))))
+        least_rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(req.iterations / (calls_for["eager"] * per_round)))))
         budget_s = min(TIMING_BUDGET_S[kind], 0.3 * float(req.timeout_s))
         statistic = stats.round_statistic_for(self.mode)
         timing_started = _monotonic()
@@ -1183,24 +1232,25 @@ class Rank:
                                 continue
                             if nic is not None and how == "eager":
                                 nic[variant].begin()
+                            n = calls_for[how]
                             block, outputs, reply = self._call(
-                                runner, inputs, expected, how, deadline, abort, timed=True,
+                                runner, inputs[:n], expected[:n], how, deadline, abort, timed=True,
                                 counters=counters[variant] if how == "eager" else None,
                                 idle_check=candidate if variant == "baseline" and candidate_ok else None)
                             if nic is not None and how == "eager":
-                                nic[variant].end(calls)
+                                nic[variant].end(n)
                             if how == "eager" and counters[variant] is not None:
-                                phases[variant].append(counters[variant].stop(calls))
+                                phases[variant].append(counters[variant].stop(n))
                             if reply.get("graph_error"):
                                 series[(variant, how)].note = str(reply["graph_error"])[:300]
                                 continue
                             series[(variant, how)].rounds[-1].append(block)
                             if variant == "candidate" and wrong is None:
-                                wrong = check_timed(outputs, expected, truths, rule, round_index, self._sampler)
+                                wrong = check_timed(outputs, expected[:n], truths[:n], rule, round_index, self._sampler)
                             if variant == "baseline" and null_blocks:
                                 null_how = "null" if how == "eager" else "graph-null"
-                                null_block, _, null_reply = self._call(runner, inputs, expected, null_how, deadline,
-                                                                       abort, timed=True)
+                                null_block, _, null_reply = self._call(runner, inputs[:n], expected[:n], null_how,
+                                                                       deadline, abort, timed=True)
                                 if not null_reply.get("graph_error"):
                                     series[("baseline", null_how)].rounds[-1].append(null_block)
             except CandidateFailure as exc:
@@ -1231,7 +1281,8 @@ class Rank:
                                     for r in s.rounds]
                                 for k, s in ((f"{k[0]}|{k[1]}", s) for k, s in series.items())})
         def phase_figures(v: str) -> dict[str, Any] | None:
-            entry = combine_phases(phases[v], calls * len(phases[v])) if counters[v] is not None and phases[v] else None
+            entry = (combine_phases(phases[v], calls_for["eager"] * len(phases[v]))
+                     if counters[v] is not None and phases[v] else None)
             if nic is not None and v in nic:
                 entry = {**(entry or {}), **nic[v].figures()}
             return entry
