@@ -78,6 +78,11 @@ TIMING_BUDGET_S = {"cuda": 30.0, "cpu": 20.0}  # adaptive rounds stop here (engi
 # own, and a call's net time (the harness's share taken off) can read near zero on a noisy box,
 # which asked for 512 calls a block: measured 3 s to 85 s for the same all_reduce item.
 MAX_CALLS_PER_BLOCK = {"cuda": 512, "cpu": 16}
+# A graph call of a small collective is ~1 us on the H200 and its output copy ~3 us: at 512 calls
+# a block held ~0.5 ms of the call's own GPU work under ~1.5 ms of copies and pipe hand-offs, and
+# the per-round ratio of the baseline against itself spread sd 0.3-1.5 (log) at size small. Graph
+# blocks may hold more calls (the inputs, outputs and checks of each still fit the arena budget).
+MAX_GRAPH_CALLS_PER_BLOCK = 4096
 # cpu: 5 ms, not more: gloo timings are for development, and each timed call costs the judges its
 # expected outputs (two collectives of their own), which on a small box is most of an item's time.
 TARGET_BLOCK_US = {"cuda": 5_000.0, "cpu": 5_000.0}
@@ -1206,8 +1211,9 @@ class Rank:
         calls_for: dict[str, int] = {}
         for how in methods:
             seen = [w[how] for w in warm_agreed if how in w] or [w["eager"] for w in warm_agreed if "eager" in w] or [1.0]
-            calls_for[how] = int(max(1, min(calls_by_memory, MAX_CALLS_PER_BLOCK[kind],
-                                            math.ceil(TARGET_BLOCK_US[kind] / max(max(seen), 1.0)))))
+            most = MAX_GRAPH_CALLS_PER_BLOCK if how == "graph" else MAX_CALLS_PER_BLOCK[kind]
+            calls_for[how] = int(max(1, min(calls_by_memory, most,
+                                            math.ceil(TARGET_BLOCK_US[kind] / max(max(seen), 0.5)))))
         calls = max(calls_for.values())  # fresh inputs per round: enough for the longest block
         per_round = BLOCKS_PER_ROUND[kind]
         least_rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(req.iterations / (calls_for["eager"] * per_round)))))
