@@ -87,6 +87,29 @@ def _bound_in_another_netns(path: str) -> socket.socket | str:
     return made[0]
 
 
+def _user_and_net_namespace() -> sandbox.NetNamespace:
+    """What judge 0's helper makes without root (sandbox._net_namespace_by_helper, which runs
+    sys.executable: not one this test's other user may run): a forked child in a user namespace
+    of its own plus a network namespace hands back both descriptors."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the grandchild
+        libc = ctypes.CDLL(None, use_errno=True)
+        uid, gid = os.geteuid(), os.getegid()
+        assert libc.unshare(ctypes.c_int(0x10000000 | 0x40000000)) == 0
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+        fds = [os.open("/proc/self/ns/user", os.O_RDONLY), os.open("/proc/self/ns/net", os.O_RDONLY)]
+        socket.send_fds(theirs, [b"u"], fds)
+        os._exit(0)
+    _, fds, _, _ = socket.recv_fds(ours, 1, 2)
+    os.waitpid(pid, 0)
+    ours.close()
+    theirs.close()
+    return sandbox.NetNamespace(net_fd=fds[1], user_fd=fds[0])
+
+
 @pytest.fixture
 def socket_folder() -> Iterator[Path]:
     """A folder directly in /tmp (the scan's depth), open to every user (the unprivileged case)."""
@@ -97,7 +120,7 @@ def socket_folder() -> Iterator[Path]:
 
 
 def _attempts_in_child(targets: dict[str, str], *, as_user: int | None = None, alias: tuple[Path, Path] | None = None,
-                       allow: list[str] | None = None) -> dict[str, str]:
+                       allow: list[str] | None = None, group_namespace: bool = False) -> dict[str, str]:
     """In a forked child: (``alias``: a folder bound elsewhere first, in a mount namespace of the
     child's), what a candidate's runner does (the sockets found, covered, Landlock, capabilities
     dropped), then a connect to each target and a try at lifting the covers. What -> outcome."""
@@ -118,6 +141,10 @@ def _attempts_in_child(targets: dict[str, str], *, as_user: int | None = None, a
                 os.setresuid(as_user, as_user, as_user)
                 libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, as a process started as that user is (its /proc/self)
             found = unix_sockets.find_host_sockets(allow)
+            if group_namespace:  # as a runner joins its group's (user and) network namespace before hiding
+                made = _user_and_net_namespace() if as_user is not None else sandbox.make_net_namespace()
+                assert not isinstance(made, str), made
+                said.append(f"join={sandbox.join_net_namespace(made.net_fd, made.user_fd)}")
             covered, note = unix_sockets.hide(found)
             said.append(f"hide={note}")
             said.append(f"note={sandbox.restrict_writes([Path('/dev/null')], scope_signals=True)}")
@@ -153,11 +180,13 @@ def _attempts_in_child(targets: dict[str, str], *, as_user: int | None = None, a
     return dict(line.split("=", 1) for line in lines)
 
 
-@pytest.mark.parametrize("who", ["root", "an unprivileged user"])
+@pytest.mark.parametrize("who", ["root", "an unprivileged user", "root in its group's network namespace",
+                                 "an unprivileged user in its group's user and network namespaces"])
 def test_the_hosts_named_sockets_are_covered_the_mps_folder_and_abstract_ones_stay(socket_folder: Path, who: str) -> None:
-    if who == "root" and os.geteuid() != 0:
+    group = "group's" in who
+    if who.startswith("root") and os.geteuid() != 0:
         pytest.skip("needs root")
-    if who != "root" and os.geteuid() != 0:
+    if not who.startswith("root") and os.geteuid() != 0:
         pytest.skip("switching to another user needs root; this user is already unprivileged: the root case runs as it")
     deep = socket_folder / "a" / "b"  # below the scan's depth: only /proc/net/unix finds it
     deep.mkdir(parents=True)
@@ -181,7 +210,8 @@ def test_the_hosts_named_sockets_are_covered_the_mps_folder_and_abstract_ones_st
     try:
         targets = {what: listener.address for what, listener in listeners.items()}
         targets["symlink"] = str(link)
-        got = _attempts_in_child(targets, as_user=None if who == "root" else 65534, allow=[str(mps)])
+        got = _attempts_in_child(targets, as_user=None if who.startswith("root") else 65534, allow=[str(mps)],
+                                 group_namespace=group)
     finally:
         for listener in listeners.values():
             listener.close()
@@ -190,10 +220,14 @@ def test_the_hosts_named_sockets_are_covered_the_mps_folder_and_abstract_ones_st
         assert got["note"] == "None", got
     assert got["hidden"].startswith("refused") and got["symlink"].startswith("refused"), got
     assert got["other netns"].startswith("refused"), got
-    assert got["mps"] == "reached" and got["abstract"] == "reached", got  # CUDA's MPS clients; NCCL's abstract sockets
+    assert got["mps"] == "reached", got  # CUDA's MPS clients
+    # Abstract sockets (NCCL's) are left to the network namespace: the host's in its own, none in the group's.
+    assert got["abstract"] == ("refused:ConnectionRefusedError" if group else "reached"), got
+    assert got.get("join", "None") == "None", got
     assert got["umount"] == "refused" and got["userns umount"] == "refused", got
     assert listeners["hidden"].received == [] and listeners["other netns"].received == [], listeners
     assert listeners["mps"].received == [b"mps"], listeners["mps"].received
+    assert listeners["abstract"].received == ([] if group else [b"abstract"]), listeners["abstract"].received
 
 
 def test_a_folder_bound_elsewhere_is_covered_there_too(socket_folder: Path) -> None:
