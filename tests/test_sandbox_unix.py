@@ -338,7 +338,8 @@ def test_a_candidate_reaches_no_named_socket_of_the_host_and_the_honest_model_st
     assert {r["status"] for r in runs.values()} == {"passed"}, runs
     # Nothing arrived, from either rank, at import or in the call, directly, by a symlink or /proc.
     assert all(listener.received == [] for listener in listeners.values()), {k: v.received for k, v in listeners.items()}
-    for what in ("docker-like", "temp folder", "symlink", "docker-like via /proc/1/root", "host abstract"):
+    for what in ("docker-like", "temp folder", "symlink", "docker-like via /proc/1/root", "host abstract",
+                 "every other process's /proc/PID/root"):
         assert f"connect refused: {what}" in logs, (what, logs)
     assert "umount refused: docker-like" in logs and "umount in a user namespace refused: docker-like" in logs, logs
     assert "LEAKED" not in logs, logs
