@@ -4,6 +4,11 @@ judge, setns in a fresh runner, and the read rules built and applied (every cand
 a walk from / towards each denied path, one Landlock rule per sibling on the way).
 
     python bench/readnet_cost.py [repeats]
+
+Then the named unix sockets' covers (engine.unix_sockets), in a fresh forked child each time: the
+sockets found (/proc/net/unix, the scan of /run, /tmp, /var/tmp and /dev, mountinfo's aliases) and
+hidden (unshare(CLONE_NEWNS), mounts made private, /dev/null bound over each), with the host's
+own sockets and with 50 and 500 more bound by this script (listed by /proc/net/unix).
 """
 
 from __future__ import annotations
@@ -38,6 +43,57 @@ def _in_child(fn) -> float:
     os.close(r)
     os.waitpid(pid, 0)
     return float(data)
+
+
+def _unix_in_child() -> tuple[float, float, int, int]:
+    """(seconds to find, seconds to hide, sockets covered, absolute paths /proc/net/unix listed) in
+    a forked child: the mount namespace is for good."""
+    from pkb_tui.engine import unix_sockets
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover
+        t0 = time.perf_counter()
+        found = unix_sockets.find_host_sockets()
+        t1 = time.perf_counter()
+        covered, why = unix_sockets.hide(found)
+        t2 = time.perf_counter()
+        os.write(w, f"{t1 - t0} {t2 - t1 if why is None else -1.0} {covered} {found.listed}".encode())
+        os._exit(0)
+    os.close(w)
+    data = os.read(r, 256).split()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return float(data[0]), float(data[1]), int(data[2]), int(data[3])
+
+
+def unix_sockets_cost(repeats: int) -> None:
+    import shutil
+
+    folder = Path(tempfile.mkdtemp(prefix="unix-cost-"))
+    deep = folder / "a" / "b"  # beneath the scan's depth: found through /proc/net/unix
+    deep.mkdir(parents=True)
+    bound: list[socket.socket] = []
+    try:
+        for extra in (0, 50, 500):
+            while len(bound) < extra:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.bind(str(deep / f"s{len(bound)}.sock"))
+                sock.listen(1)
+                bound.append(sock)
+            finds, hides = [], []
+            covered = listed = 0
+            for _ in range(repeats):
+                find_s, hide_s, covered, listed = _unix_in_child()
+                finds.append(find_s)
+                hides.append(hide_s)
+            print(f"named unix sockets, {listed} paths in /proc/net/unix, {covered} covered: found median "
+                  f"{statistics.median(finds) * 1000:.1f} ms (max {max(finds) * 1000:.1f}), hidden median "
+                  f"{statistics.median(hides) * 1000:.1f} ms (max {max(hides) * 1000:.1f})")
+    finally:
+        for sock in bound:
+            sock.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> int:
@@ -81,6 +137,7 @@ def main() -> int:
         rules_count = len(rules)
         writable = sandbox.runner_writable(work / "batch" / "scratch" / "own", work / "jit", "cpu")
         results["Landlock applied"].append(_in_child(lambda: sandbox.restrict_writes(writable, readable=rules) is None))
+    unix_sockets_cost(repeats)
     print(f"{repeats} repeats on {os.cpu_count()} CPUs; {rules_count} read rules "
           f"({len(os.listdir('/tmp'))} entries in /tmp)")
     for what, values in results.items():

@@ -9,6 +9,7 @@ which of /dev/shm, another process's /proc entry and /proc/sys each set leaves w
 
     python bench/sandbox_cuda_probe.py             # both parts
     python bench/sandbox_cuda_probe.py --readnet   # only the second
+    python bench/sandbox_cuda_probe.py --unix      # only the named-socket check (no GPU needed)
 
 Second part (issue 13: reads and network): runners exactly as a candidate's (engine.runner's
 set-up: its group's network namespace joined first, Landlock over writes AND reads, capabilities
@@ -19,6 +20,14 @@ host's 127.0.0.1 cannot be reached, then starts CUDA, forms its group at 127.0.0
 namespace, all-reduces, compiles and runs a CuPy and a Triton kernel into its JIT cache. NCCL's
 INFO lines say which transport each pair used (P2P/SHM on one host: they must not care about the
 namespace). One table row per rank.
+
+The confined ranks also hide the host's named unix sockets as a candidate's runner does
+(engine.unix_sockets: found in the host's network namespace, then a mount namespace of their own
+with /dev/null over each, after joining the group's namespace), and check that a listener this
+probe binds at a path cannot be reached. Where nvidia-cuda-mps-control is on PATH a shared-gpu
+case runs its two ranks under a private MPS daemon (engine.mps): its pipe folder is left
+reachable, and the daemon must list a server afterwards (a client reached it through the covers).
+--unix runs only that named-socket check, in a fresh process, without CUDA (any box).
 """
 
 from __future__ import annotations
@@ -101,10 +110,16 @@ try:
     env = sandbox.jit_env(jit); os.environ.update(env, TMPDIR=str(scratch)); tempfile.tempdir = None
     for v in env.values(): Path(v).mkdir(parents=True, exist_ok=True)
     if cfg["confined"]:  # else the control: the same steps, no namespace, no sandbox
+        from pkb_tui.engine import unix_sockets
+        found = unix_sockets.find_host_sockets()  # in the host's network namespace, as a runner does
         fds = [int(v) for v in cfg["netns_fds"]]
         why = sandbox.join_net_namespace(fds[-1], fds[0] if len(fds) > 1 else None)
         assert why is None, why
         rows["netns"] = "joined"
+        step = "unix sockets"
+        covered, why = unix_sockets.hide(found)
+        assert why is None, why
+        rows["unix"] = f"{covered} of {len(found.paths)} hidden"
         step = "sandbox"
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = "lo"
         denials = sandbox.candidate_read_denials(Path(cfg["batch"]), Path(cfg["db"]), Path(cfg["root"]), [cfg["other"]])
@@ -128,6 +143,12 @@ try:
             socket.create_connection(("127.0.0.1", cfg["listener"]), timeout=2).close(); rows["host listener"] = "REACHED"
         except OSError:
             rows["host listener"] = "unreachable"
+        try:
+            with socket.socket(socket.AF_UNIX) as u:
+                u.settimeout(2); u.connect(cfg["unix_listener"])
+            rows["host unix socket"] = "REACHED"
+        except OSError:
+            rows["host unix socket"] = "unreachable"
     else:
         rows["netns"] = rows["sandbox"] = "none (control)"
     step = "cuda init"
@@ -162,7 +183,7 @@ except BaseException as exc:
 out()
 """
 
-READNET_COLUMNS = ("case", "rank", "netns", "sandbox", "reads", "host listener", "cuda", "nccl", "gloo", "cupy", "triton",
+READNET_COLUMNS = ("case", "rank", "netns", "unix", "sandbox", "reads", "host listener", "host unix socket", "cuda", "nccl", "gloo", "cupy", "triton",
                    "jit cache", "s", "failed")
 
 
@@ -187,6 +208,13 @@ def readnet() -> int:
              ("gloo x2, one GPU (shared-gpu)", 2, "gloo", [0, 0], True)]
     if gpus >= 2:
         cases.append(("nccl x2, two GPUs", 2, "nccl", [0, 1], True))
+    from pkb_tui.engine.mps import MpsDaemon
+
+    mps = MpsDaemon()
+    if mps.start():  # shared-gpu mode as the launcher runs it: the ranks are the private daemon's clients
+        cases.append(("gloo x2, one GPU, MPS (shared-gpu)", 2, "gloo", [0, 0], True))
+    else:
+        print(f"no MPS case: {mps.reason}")
     work = Path(tempfile.mkdtemp(prefix="probe-readnet-"))
     secret = Path.home() / ".pkb-probe-secret"
     secret.write_text("API_KEY=probe")
@@ -199,6 +227,12 @@ def readnet() -> int:
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     listener.setblocking(False)
+    unix_dir = Path(tempfile.mkdtemp(prefix="probe-unix-"))  # outside every allowed folder
+    unix_listener = socket.socket(socket.AF_UNIX)
+    unix_listener.bind(str(unix_dir / "host.sock"))
+    unix_listener.listen(8)
+    unix_listener.setblocking(False)
+    mps_servers = "no MPS case"
     rows: list[dict[str, object]] = []
     transports: dict[str, list[str]] = {}
     try:
@@ -219,9 +253,11 @@ def readnet() -> int:
                        "port": 29600 + index, "salt": index + 1, "netns_fds": [str(fd) for fd in made.fds()],
                        "scratch": str(scratch), "jit": str(jit), "model": str(work / "models" / "mine"),
                        "batch": str(batch), "db": str(db), "other": str(other), "other_file": str(other / "all_reduce.py"),
-                       "secret": str(secret), "readme": str(ROOT / "README.md"), "listener": listener.getsockname()[1]}
+                       "secret": str(secret), "readme": str(ROOT / "README.md"), "listener": listener.getsockname()[1],
+                       "unix_listener": str(unix_dir / "host.sock")}
                 (work / "models" / "mine").mkdir(exist_ok=True)
-                env = {**os.environ, "PKB_PROBE": json.dumps(cfg), "NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "0"}
+                env = {**os.environ, "PKB_PROBE": json.dumps(cfg), "NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "0",
+                       **(mps.env if "MPS" in case else {})}
                 procs.append(subprocess.Popen([sys.executable, "-c", READNET_RANK], env=env, pass_fds=made.fds(),
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
             made.close()
@@ -237,13 +273,24 @@ def readnet() -> int:
                 rows.append({"case": case, **row})
                 transports.setdefault(case, []).extend(
                     line.split("NCCL INFO ", 1)[1] for line in text.splitlines() if " via " in line and "NCCL INFO" in line)
+            if "MPS" in case:  # a server exists only once a client reached the control daemon
+                listed = mps._control([], stdin="get_server_list\n", timeout_s=10).stdout.split()
+                mps_servers = f"MPS servers after the case: {listed or 'NONE (the ranks did not reach the daemon)'}"
         try:
             listener.accept()
             arrived = "a connection ARRIVED at the host listener"
         except BlockingIOError:
             arrived = "nothing arrived at the host listener"
+        try:
+            unix_listener.accept()
+            arrived += "; a connection ARRIVED at the host unix socket"
+        except BlockingIOError:
+            arrived += "; nothing arrived at the host unix socket"
     finally:
         listener.close()
+        unix_listener.close()
+        shutil.rmtree(unix_dir, ignore_errors=True)
+        mps.stop()
         secret.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
     widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in READNET_COLUMNS}
@@ -251,16 +298,90 @@ def readnet() -> int:
     for r in rows:
         print(" | ".join(str(r.get(c, "")).ljust(widths[c]) for c in READNET_COLUMNS))
     print(arrived)
+    print(mps_servers)
     for case, lines in transports.items():
         print(f"{case}: NCCL transports: " + ("; ".join(sorted(set(lines))[:6]) or "(none printed)"))
     confined_rows = [r for r in rows if not str(r.get("case", "")).endswith("control")]
-    ok = all("failed" not in r for r in confined_rows) and arrived.startswith("nothing") and all(
-        r.get("reads") == "refused" and r.get("host listener") == "unreachable" for r in confined_rows)
-    print("readnet: " + ("every rank ran with reads and network confined" if ok else "SOME RANK FAILED (see the table)"))
+    ok = all("failed" not in r for r in confined_rows) and "ARRIVED" not in arrived and "NONE" not in mps_servers and all(
+        r.get("reads") == "refused" and r.get("host listener") == "unreachable" and r.get("host unix socket") == "unreachable"
+        for r in confined_rows)
+    print("readnet: " + ("every rank ran with reads, network and named unix sockets confined" if ok
+                         else "SOME RANK FAILED (see the table)"))
+    return 0 if ok else 1
+
+
+UNIX_CHECK = r"""
+import ctypes, json, os, socket, sys
+sys.path.insert(0, sys.argv[1])
+from pkb_tui.engine import sandbox, unix_sockets
+cfg = json.loads(sys.argv[2])
+found = unix_sockets.find_host_sockets()
+covered, why = unix_sockets.hide(found)
+said = {"found": len(found.paths), "listed": found.listed, "covered": covered, "hide": why,
+        "landlock": sandbox.restrict_writes(["/dev/null"], scope_signals=True), "caps": sandbox.drop_capabilities()}
+for what, path in cfg["targets"].items():
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(2); s.connect(path); s.sendall(what.encode())
+        said[what] = "reached"
+    except OSError as exc:
+        said[what] = f"refused ({type(exc).__name__})"
+said["umount"] = "LIFTED" if ctypes.CDLL(None, use_errno=True).umount2(cfg["targets"]["host"].encode(), 2) == 0 else "refused"
+print(json.dumps(said))
+"""
+
+
+def unix_check() -> int:
+    """Without CUDA: a fresh process hides the host's named sockets as a runner does; a socket this
+    probe binds in a temp folder is refused, one in the MPS pipe folder (CUDA_MPS_PIPE_DIRECTORY
+    pointed at a temp folder) is reached."""
+    import json
+    import shutil
+    import socket
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="probe-unix-"))
+    (work / "mps").mkdir()
+    listeners = {}
+    try:
+        for what, path in (("host", work / "host.sock"), ("mps", work / "mps" / "control")):
+            listeners[what] = socket.socket(socket.AF_UNIX)
+            listeners[what].bind(str(path))
+            listeners[what].listen(4)
+            listeners[what].setblocking(False)
+        cfg = {"targets": {"host": str(work / "host.sock"), "mps": str(work / "mps" / "control")}}
+        out = subprocess.run([sys.executable, "-c", UNIX_CHECK, str(ROOT), json.dumps(cfg)], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(work / "mps")})
+        line = (out.stdout.strip().splitlines() or [out.stderr.strip()[-300:]])[-1]
+        arrived = []
+        for what, listener in listeners.items():
+            try:
+                listener.accept()
+                arrived.append(what)
+            except BlockingIOError:
+                pass
+    finally:
+        for listener in listeners.values():
+            listener.close()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"unix: {line}")
+    print(f"unix: connections arrived at: {arrived or 'none'}")
+    try:
+        said = json.loads(line)
+    except ValueError:
+        return 1
+    ok = (said["hide"] is None and said["host"].startswith("refused") and said["mps"] == "reached"
+          and said["umount"] == "refused" and arrived == ["mps"])
+    print("unix: " + ("the host's named sockets hidden, the MPS folder's reached" if ok else "FAILED"))
     return 0 if ok else 1
 
 
 def main() -> int:
+    if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+        print(__doc__)
+        return 0
+    if "--unix" in sys.argv[1:]:
+        return unix_check()
     if "--readnet" in sys.argv[1:]:
         return readnet()
     for index, keys in enumerate(SETS):

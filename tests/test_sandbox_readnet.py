@@ -207,7 +207,8 @@ def test_the_notes_say_when_the_network_stays_open(monkeypatch: pytest.MonkeyPat
         assert "reads not restricted: PKB_SANDBOX_READS=0" in _candidate_sandbox_note(2)
     monkeypatch.setenv("PKB_SANDBOX", "0")
     assert _candidate_sandbox_note(2) == ("candidate sandbox: writes and reads not restricted (PKB_SANDBOX=0); "
-                                          "network not restricted: PKB_SANDBOX=0")
+                                          "network not restricted: PKB_SANDBOX=0; "
+                                          "named unix sockets reachable: PKB_SANDBOX=0")
 
 
 class _Listener:

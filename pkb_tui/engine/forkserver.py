@@ -10,7 +10,10 @@ re-parented to the judge (a child subreaper), which waits on it, signals its pro
 it like any child. In the runner, before any candidate code: a session of its own, only its own
 descriptors open, the environment replaced, fresh random state; then engine.runner.main as usual
 (sandbox, device, process group). The server is spared at item ends and killed with the judge's
-other children at the end of the batch; it exits by itself when its judge goes away.
+other children at the end of the batch; it exits by itself when its judge goes away. The judge
+starts it before confining itself, so its runners are outside the judge's Landlock domain: a
+process in a domain may not mount, and a candidate's runner hides the host's named unix sockets
+with bind mounts (engine.unix_sockets) before it confines itself.
 
 PKB_FORKSERVER=0 starts every runner with a fresh interpreter instead (subprocess), the slower
 path, kept for comparison and for a platform where forking a warm torch is unsafe.

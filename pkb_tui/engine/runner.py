@@ -34,6 +34,12 @@ def main() -> int:
             return 1
     read_fd, write_fd = (int(v) for v in os.environ.pop("PKB_RUNNER_FDS").split(","))
     arena_fd = int(os.environ.pop("PKB_ARENA_FD")) if os.environ.get("PKB_ARENA_FD") else None
+    host_sockets = None
+    if os.environ.pop("PKB_HIDE_UNIX_SOCKETS", None) == "1":
+        from pkb_tui.engine import unix_sockets
+
+        # Found in the host's network namespace (/proc/net/unix lists the reader's): before joining the group's.
+        host_sockets = unix_sockets.find_host_sockets()
     if os.environ.get("PKB_NETNS_FDS"):
         # The candidate group's network namespace: joined before anything starts a thread (setns
         # moves only the calling one) and while capabilities are still held.
@@ -43,15 +49,23 @@ def main() -> int:
 
             channel.send(write_fd, {"ok": False, "error": f"runner set-up failed: its group's network namespace: {why}"})
             return 1
+    unix_note = None
+    if host_sockets is not None:
+        # A mount namespace of its own with the host's named sockets covered: while the runner has
+        # one thread (unshare) and its capabilities (in its group's user namespace, without root).
+        from pkb_tui.engine import unix_sockets
+
+        unix_note = unix_sockets.hide(host_sockets)[1]
     from pkb_tui.engine import channel  # torch is imported here, before any candidate code
 
     init = channel.receive(read_fd)
-    runner = Runner(init, read_fd, write_fd, arena_fd)
+    runner = Runner(init, read_fd, write_fd, arena_fd, unix_note)
     return runner.serve()
 
 
 class Runner:
-    def __init__(self, init: dict[str, Any], read_fd: int, write_fd: int, arena_fd: int | None) -> None:
+    def __init__(self, init: dict[str, Any], read_fd: int, write_fd: int, arena_fd: int | None,
+                 unix_note: str | None = None) -> None:
         import torch
 
         self.torch = torch
@@ -70,6 +84,7 @@ class Runner:
         self.graphs: dict[bool, Any] = {}  # null or not -> CUDA graph of the prepared calls
         self.previous_outputs: list[Any] = []
         self.check_mode: Any = None
+        self.unix_note = unix_note  # why the host's named unix sockets stay reachable (None: hidden, or not asked)
         self._cuda_event = torch.cuda.Event
         self._cuda_synchronize = torch.cuda.synchronize
 
@@ -98,7 +113,7 @@ class Runner:
                 readable = sandbox.read_rules(sandbox.ReadDenials.from_dict(self.init["read_denials"]), needs, own)
             note = sandbox.restrict_writes(writable, scope_signals=True, readable=readable)
             kept = sandbox.drop_capabilities()
-            note = "; ".join(n for n in (note, kept) if n) or None
+            note = "; ".join(n for n in (note, kept, self.unix_note) if n) or None
         else:
             note = "no write sandbox: PKB_SANDBOX=0"
         if self.device.type == "cuda":

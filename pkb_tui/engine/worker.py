@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from collectors.counters import combine_phases
-from pkb_tui.engine import channel, forkserver, limits, placement, procs, sandbox, stats
+from pkb_tui.engine import channel, forkserver, limits, placement, procs, sandbox, stats, unix_sockets
 from pkb_tui.engine import events as ev
 from pkb_tui.engine.compare import (
     Comparison,
@@ -171,7 +171,8 @@ class RunnerProcess:
         self.scratch.mkdir(parents=True, exist_ok=True)
         jit_dir = sandbox.jit_cache_dir(_model_key(item if label == "candidate" else None))
         jit_dir.mkdir(parents=True, exist_ok=True)
-        env = {**runner_env(), **sandbox.jit_env(jit_dir), "TMPDIR": str(self.scratch)}
+        env = {**runner_env(), **sandbox.jit_env(jit_dir), "TMPDIR": str(self.scratch),
+               **(unix_sockets.runner_env() if label == "candidate" else {})}
         scratch = self.scratch
         self.output = limits.OutputCapture(log_path)  # head and tail kept, however much it prints
         self.violation: str | None = None  # the limit its processes passed (set by the judge's guard)
@@ -513,8 +514,11 @@ class Rank:
     # ------------------------------------------------------------------ the batch
     def main(self) -> int:
         os.chdir(self.spec["scratch_dir"])
+        # The fork server starts before this judge confines itself: a process under Landlock may not
+        # mount, and a candidate's runner covers the host's named unix sockets with bind mounts.
+        self._place()  # first: the fork server and every thread started later inherit it
+        self._start_forkserver()
         self.sandbox_note = self._restrict_writes()
-        self._place()
         _become_subreaper()  # a runner's double-forked children come back to this judge, to be ended
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -593,7 +597,8 @@ class Rank:
         if forkserver.enabled() and not self.forkserver_failed:
             try:
                 if self.forkserver is None:
-                    self.forkserver = forkserver.ForkServer(runner_env(), self.log_dir / f"forkserver.rank{self.rank}.log")
+                    self._start_forkserver()
+                assert self.forkserver is not None
                 return self.forkserver.spawn(fds, env, cwd)
             except (forkserver.ForkServerError, OSError) as exc:
                 print(f"pkb: rank {self.rank}: the runner fork server failed ({exc}); starting runners afresh",
@@ -603,6 +608,10 @@ class Rank:
                     self.forkserver.close()
                     self.forkserver = None
         return start_runner_subprocess(fds, env, cwd)
+
+    def _start_forkserver(self) -> None:
+        if forkserver.enabled() and not self.forkserver_failed and self.forkserver is None:
+            self.forkserver = forkserver.ForkServer(runner_env(), self.log_dir / f"forkserver.rank{self.rank}.log")
 
     def _restrict_writes(self) -> str | None:
         if os.environ.get("PKB_SANDBOX", "1") == "0":
@@ -1674,6 +1683,9 @@ def _candidate_sandbox_note(world_size: int) -> str:
     why = _net_unrestricted_reason(world_size)
     parts.append("network: a namespace of the model's own ranks on this host, loopback only" if why is None
                  else f"network not restricted: {why}")
+    why = unix_sockets.unrestricted_reason()
+    parts.append("the host's named unix sockets hidden (a mount namespace of its own; the MPS pipe folder left)"
+                 if why is None else f"named unix sockets reachable: {why}")
     return "candidate sandbox: " + "; ".join(parts)
 
 
