@@ -370,8 +370,9 @@ def test_the_network_between_two_nodes_is_calibrated_into_the_heads_database_per
     assert f"not calibrated: {host} <-> {host}" in note and "50 GB/s per GPU" in note, note
 
     port = free_port()
-    # The other node joins with the same agent it would run for a batch.
-    agent = _pkb(["agent", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"], other, env)
+    # The other node joins as for a run: the same command with its node rank (which runs `pkb-tui agent`).
+    agent = _pkb(["calibrate", "--network", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"],
+                 other, env)
     leader = _pkb(["--db", str(head / "runs.db"), "calibrate", "--network", "--nnodes", "2", "--mode", "cpu",
                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--quick", "--json"], head, env)
     code, out, err = _finish(leader, 600)
@@ -406,6 +407,31 @@ def test_the_network_between_two_nodes_is_calibrated_into_the_heads_database_per
     network = roofline.network_ceiling([host, host], pairs)
     across = roofline.with_topology(gpu_box, topology, network)
     assert across.network_gbps == pair["bandwidth_gbps"] and f"{host} <-> {host}" in across.network_source
+    assert _none_left(tmp_path) == {}
+
+
+@pytest.mark.timeout(600)
+def test_under_slurm_the_network_calibration_starts_the_agents_with_srun_and_measures_every_pair_of_nodes(
+        tmp_path: Path) -> None:
+    import socket
+
+    head = tmp_path / "node0"
+    head.mkdir()
+    env = _env(PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}", FAKE_SRUN_ROOT=str(tmp_path),
+               SLURM_JOB_ID="4343", SLURM_NNODES="3", SLURM_NODEID="0", SLURM_JOB_NODELIST="127.0.0.1")
+    env.pop("PKB_JOIN_KEY")
+    leader = _pkb(["--db", str(head / "runs.db"), "calibrate", "--network", "--slurm", "--mode", "cpu", "--quick"],
+                  head, env)
+    code, out, err = _finish(leader, 500)
+    assert code == 0, err + out
+    assert "measuring network between node 0 and node 1" in err and "node 1 and node 2" in err, err
+    host = socket.gethostname()
+    # Three nodes on one host: three node pairs, one pair of hosts, which keeps the slowest.
+    assert f"{host} <-> {host}" in out and "loopback" in out, out
+    with Store(head / "runs.db") as store:
+        ((pair, row),) = store.network_pairs().items()
+    assert pair == (host, host) and row["detail"]["nodes"] in ([0, 1], [0, 2], [1, 2])
+    assert not list((tmp_path / "node1").rglob("*.db")) and not list((tmp_path / "node2").rglob("*.db"))
     assert _none_left(tmp_path) == {}
 
 
