@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from pkb_tui.engine.modes import MODE_CHOICES
+from pkb_tui.engine.netcal import NETWORK_MODES
 from pkb_tui.engine.nodes import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_NODE_TIMEOUT_S
 from pkb_tui.errors import EXIT_CANDIDATE_FAILED, EXIT_HARNESS, EXIT_NOT_STORED, EXIT_OK, PkbError
 from pkb_tui.store.statuses import STATUSES, status_label
@@ -84,22 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON document")
     run.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
     run.add_argument("--runs-dir", dest="sub_runs_dir", help=argparse.SUPPRESS)
-    nodes = run.add_argument_group(
-        "several nodes (torchrun's c10d rendezvous; --world-size is every node's ranks together)")
-    nodes.add_argument("--nnodes", type=int, default=1, help="nodes in the batch (default 1)")
-    nodes.add_argument("--node-rank", type=int, default=0,
-                       help="0: this node owns the database and receives every event (the head); "
-                            "1..N-1: join the head's batch as that node (as `pkb-tui agent` does)")
-    _rendezvous_options(nodes)
-    nodes.add_argument("--rdzv-id", help="torchrun's rendezvous id (default: the batch id)")
-    nodes.add_argument("--node-timeout", type=float, default=DEFAULT_NODE_TIMEOUT_S,
-                       help=f"seconds a node may stay silent before it is taken for lost (default {DEFAULT_NODE_TIMEOUT_S:g})")
-    nodes.add_argument("--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT_S,
-                       help=f"seconds for every node's agent to join (default {DEFAULT_JOIN_TIMEOUT_S:g})")
-    nodes.add_argument("--slurm", action="store_true",
-                       help="inside a SLURM allocation: nodes and this node's rank from SLURM's environment, "
-                            "the other nodes' agents started with srun")
-    nodes.add_argument("--agent-runs-dir", help="--slurm: the agents' folder for logs (default ./pkb-runs where srun starts them)")
+    _node_options(run.add_argument_group(
+        "several nodes (torchrun's c10d rendezvous; --world-size is every node's ranks together)"))
     _add_pkb_options(run)
     pkb = run.add_argument_group("ParallelKernelBench problems (tasks pkb/<N>_<name>; pkb/all, pkb/1-8 select several)")
     pkb.add_argument("--m", type=int, help="PKB base shape M (rows); overrides --size")
@@ -217,6 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
                            help="measure only the noise floor (works without a GPU: cpu mode)")
     calibrate.add_argument("--json", action="store_true")
     calibrate.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
+    calibrate.add_argument("--runs-dir", dest="sub_runs_dir", help=argparse.SUPPRESS)
+    network = calibrate.add_argument_group(
+        "the network between nodes (--network: per pair of hosts, stored in this node's database; the other "
+        "nodes join as for a run: `pkb-tui agent`, or srun under --slurm)")
+    network.add_argument("--network", action="store_true",
+                         help="measure the bandwidth and latency between every pair of the nodes' hosts, one process "
+                              "per node (gloo over TCP in cpu mode, NCCL on GPU 0 of each node in nccl mode)")
+    network.add_argument("--mode", choices=["auto", *NETWORK_MODES], default="auto",
+                         help="--network: nccl where the node has a GPU, else cpu (default auto)")
+    network.add_argument("--timeout", type=float, default=600.0, help="--network: wall seconds for the measurement")
+    _node_options(network)
 
     from pkb_tui.generate.cli import add_parsers as add_generate_parsers
 
@@ -241,6 +239,24 @@ def _activate_pkb(args: argparse.Namespace) -> None:
         activate(args.pkb_root)
     if getattr(args, "backend", None):
         os.environ["PKB_BACKEND"] = args.backend
+
+
+def _node_options(nodes: Any) -> None:
+    """The options that spread a command over nodes (run, calibrate --network)."""
+    nodes.add_argument("--nnodes", type=int, default=1, help="nodes in the batch (default 1)")
+    nodes.add_argument("--node-rank", type=int, default=0,
+                       help="0: this node owns the database and receives every event (the head); "
+                            "1..N-1: join the head's batch as that node (as `pkb-tui agent` does)")
+    _rendezvous_options(nodes)
+    nodes.add_argument("--rdzv-id", help="torchrun's rendezvous id (default: the batch id)")
+    nodes.add_argument("--node-timeout", type=float, default=DEFAULT_NODE_TIMEOUT_S,
+                       help=f"seconds a node may stay silent before it is taken for lost (default {DEFAULT_NODE_TIMEOUT_S:g})")
+    nodes.add_argument("--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT_S,
+                       help=f"seconds for every node's agent to join (default {DEFAULT_JOIN_TIMEOUT_S:g})")
+    nodes.add_argument("--slurm", action="store_true",
+                       help="inside a SLURM allocation: nodes and this node's rank from SLURM's environment, "
+                            "the other nodes' agents started with srun")
+    nodes.add_argument("--agent-runs-dir", help="--slurm: the agents' folder for logs (default ./pkb-runs where srun starts them)")
 
 
 def _rendezvous_options(parser: Any) -> None:
@@ -1091,8 +1107,60 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
     from pkb_tui.engine.calibrate import calibrate_command
     from pkb_tui.store import default_db_path
 
+    if args.network:
+        return _calibrate_network(args, db, out)
+    if args.nnodes != 1 or args.slurm or args.node_rank or args.rdzv_endpoint:
+        raise PkbError("The node options (--nnodes, --node-rank, --rdzv-endpoint, --slurm) of `calibrate` are for "
+                       "--network; this host's own figures are measured on one node.")
     return calibrate_command(str(db or default_db_path()), args.json, args.quick, out=out, noise=not args.no_noise,
                              noise_only=args.noise_only)
+
+
+def _calibrate_network(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
+    """`calibrate --network`: the head gathers the nodes and stores a row per pair of hosts; on
+    another node (--node-rank R > 0) this process is that node's agent, as with `run`."""
+    from pkb_tui.engine import netcal
+    from pkb_tui.engine.launcher import NETWORK_NEEDS_NODES, Launcher
+    from pkb_tui.engine.modes import choose_mode
+    from pkb_tui.store import Store
+
+    if args.noise_only:
+        raise PkbError("--noise-only measures this host's noise floor; leave it out with --network.")
+    if not args.slurm and args.nnodes < 2:
+        raise PkbError(NETWORK_NEEDS_NODES)
+    if args.timeout <= 0:
+        raise PkbError(f"--timeout must be positive (got {args.timeout}).")
+    cluster = _cluster(args)
+    if cluster is None:
+        return _agent_of_run(args)
+    if not cluster.multi_node:  # --slurm in a one-node allocation
+        raise PkbError(NETWORK_NEEDS_NODES)
+    mode = choose_mode(1, None if args.mode == "auto" else args.mode)
+    spec = {"mode": mode, "sizes": list(netcal.sizes_for(mode, args.quick)), "repeats": netcal.REPEATS,
+            "timeout_s": args.timeout}
+    launcher = Launcher(db, runs_dir=args.runs_dir, cluster=cluster)
+    with Store(launcher.db_path):  # a bad --db fails here, before any node is asked to start
+        pass
+    _terminate_as_interrupt()
+    say = None if args.json else (lambda text: print(f"  measuring {text} ...", file=sys.stderr, flush=True))
+    report = launcher.calibrate_network(spec, progress=say)
+    rows = netcal.pair_rows(report)
+    if not rows:
+        raise PkbError("The network calibration reported no complete pair (see the nodes' launch.log).",
+                       exit_code=EXIT_HARNESS)
+    with Store(launcher.db_path) as store:
+        for row in rows:
+            store.add_calibration(store.upsert_host({"hostname": row["host_a"]}), [row])
+        database = str(store.path)
+    if args.json:
+        json.dump({"db": database, "mode": mode, "nodes": report.get("nodes"), "pairs": rows}, out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    out.write(netcal.format_pairs(rows) + "\n")
+    out.write(f"\nStored per pair of hosts in {database} ({mode} mode: "
+              f"{'gloo over TCP' if mode == 'cpu' else 'NCCL, GPU 0 of each node'}); multi-node runs across these "
+              "hosts now judge their network term against the slowest pair.\n")
+    return EXIT_OK
 
 
 COMMANDS = {

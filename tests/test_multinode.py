@@ -271,8 +271,10 @@ def test_the_topology_says_which_pairs_cross_nodes_and_the_roofline_puts_their_b
     cross_us = traffic.wire_bytes * 8 / 15 / (8 * roofline.DEFAULT_NETWORK_GBPS * 1e3)
     assert across.floor_us == pytest.approx(cross_us + (across.latency_us or 0.0))
     assert "NIC" in across.bandwidth_source
-    calibrated = roofline.with_topology(one_node, topology, {"network_busbw": 25.0})
+    pairs = {("a", "b"): {"bandwidth_gbps": 25.0, "measured_at": 1.7e9, "mode": "nccl"}}
+    calibrated = roofline.with_topology(one_node, topology, roofline.network_ceiling(["a", "b"], pairs))
     assert calibrated.network_gbps == 25.0 and calibrated.network_source.startswith("calibrated")
+    assert "hosts a <-> b" in calibrated.network_source
     slower = roofline.evaluate(traffic, 10_000.0, calibrated, "float32")
     assert slower.bound == "network" and slower.floor_us == pytest.approx(2 * cross_us + (slower.latency_us or 0.0))
 
@@ -330,3 +332,142 @@ def test_when_the_head_is_killed_every_node_ends_its_ranks(tmp_path: Path) -> No
     with Store(db) as store:  # found by the next open: the launcher that held it is gone
         (run,) = store.runs(limit=None)
     assert run["status"] == "interrupted"
+
+
+# ---------------------------------------------------------------------------------------- the network between nodes
+def _run_on_two_nodes(head: Path, other: Path, port: int, env: dict[str, str]) -> dict:
+    """all_reduce's baseline at 2 x 1 ranks (correctness only) on two "nodes"; the head's run row."""
+    nodes = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--world-size", "2"]
+    run = ["run", "--task", "all_reduce", "--model", "baseline", *SMALL, "--no-timing", *nodes]
+    joiner = _pkb([*run, "--node-rank", "1"], other, env)
+    leader = _pkb(["--db", str(head / "runs.db"), *run, "--json"], head, env)
+    code, out, err = _finish(leader, 600)
+    joined_code, _, joined_err = _finish(joiner, 120)
+    assert code == 0 and joined_code == 0, err + joined_err
+    with Store(head / "runs.db") as store:
+        return store.run(json.loads(out)["runs"][0]["id"])
+
+
+def _network_note(run: dict) -> str:
+    (note,) = [n for n in run["notes"] if n.startswith("network between the nodes:")]
+    return note
+
+
+@pytest.mark.timeout(1800)
+def test_the_network_between_two_nodes_is_calibrated_into_the_heads_database_per_host_pair_and_runs_name_it(
+        tmp_path: Path) -> None:
+    import socket
+
+    from pkb_tui.engine import netcal, roofline
+    from pkb_tui.engine.topology import Topology
+
+    head, other = _nodes(tmp_path)
+    host = socket.gethostname()  # both "nodes" are this host: the pair (host, host), over loopback
+    env = _env()
+    # Before any calibration: the run says which pair was not calibrated and takes the datasheet.
+    first = _run_on_two_nodes(head, other, free_port(), env)
+    note = _network_note(first)
+    assert f"not calibrated: {host} <-> {host}" in note and "50 GB/s per GPU" in note, note
+
+    port = free_port()
+    # The other node joins as for a run: the same command with its node rank (which runs `pkb-tui agent`).
+    agent = _pkb(["calibrate", "--network", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"],
+                 other, env)
+    leader = _pkb(["--db", str(head / "runs.db"), "calibrate", "--network", "--nnodes", "2", "--mode", "cpu",
+                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--quick", "--json"], head, env)
+    code, out, err = _finish(leader, 600)
+    agent_code, _, agent_err = _finish(agent, 120)
+    assert code == 0, err + out
+    assert agent_code == 0, agent_err
+    (pair,) = json.loads(out)["pairs"]
+    assert (pair["host_a"], pair["host_b"]) == (host, host) and pair["mode"] == "cpu"
+    assert pair["bandwidth_gbps"] > 0 and pair["latency_us"] > 0
+    directions = pair["detail"]["directions"]
+    assert sorted(directions) == ["0->1", "1->0"], directions
+    for way in directions.values():  # every size measured each way, REPEATS windows each
+        assert [p["size_bytes"] for p in way["sweep"]] == list(netcal.CPU_QUICK_SIZES)
+        assert all(len(p["seconds"]) == netcal.REPEATS and all(t > 0 for t in p["seconds"]) for p in way["sweep"])
+    # the pair's figure is its slower direction's best size
+    assert pair["bandwidth_gbps"] == pytest.approx(min(w["peak_gbps"] for w in directions.values()))
+    assert not list(other.rglob("*.db")), "node 1 keeps no database"
+    with Store(head / "runs.db") as store:
+        pairs = store.network_pairs()
+        assert list(pairs) == [(host, host)] and pairs[(host, host)]["bandwidth_gbps"] == pair["bandwidth_gbps"]
+        rows = store.conn.execute("SELECT host_id, host_a, host_b FROM calibrations").fetchall()
+        assert [(r["host_a"], r["host_b"]) for r in rows] == [(host, host)]
+        assert store.latest_calibration(rows[0]["host_id"]) == {}, "a pair's figure is not one host's"
+
+    # The next run across these hosts names the calibrated pair, and so does its roofline's network term.
+    second = _run_on_two_nodes(head, other, free_port(), env)
+    note = _network_note(second)
+    assert f"hosts {host} <-> {host}, cpu mode" in note and note.split(": ")[1].startswith(
+        f"{pair['bandwidth_gbps']:g} GB/s"), note
+    topology = Topology.of(16, 2)
+    gpu_box = roofline.bandwidths_for({"gpu_model": "NVIDIA H100 80GB HBM3"}, {}, "nccl", 16)
+    network = roofline.network_ceiling([host, host], pairs)
+    across = roofline.with_topology(gpu_box, topology, network)
+    assert across.network_gbps == pair["bandwidth_gbps"] and f"{host} <-> {host}" in across.network_source
+    assert _none_left(tmp_path) == {}
+
+
+@pytest.mark.timeout(600)
+def test_under_slurm_the_network_calibration_starts_the_agents_with_srun_and_measures_every_pair_of_nodes(
+        tmp_path: Path) -> None:
+    import socket
+
+    head = tmp_path / "node0"
+    head.mkdir()
+    env = _env(PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ['PATH']}", FAKE_SRUN_ROOT=str(tmp_path),
+               SLURM_JOB_ID="4343", SLURM_NNODES="3", SLURM_NODEID="0", SLURM_JOB_NODELIST="127.0.0.1")
+    env.pop("PKB_JOIN_KEY")
+    leader = _pkb(["--db", str(head / "runs.db"), "calibrate", "--network", "--slurm", "--mode", "cpu", "--quick"],
+                  head, env)
+    code, out, err = _finish(leader, 500)
+    assert code == 0, err + out
+    assert "measuring network between node 0 and node 1" in err and "node 1 and node 2" in err, err
+    host = socket.gethostname()
+    # Three nodes on one host: three node pairs, one pair of hosts, which keeps the slowest.
+    assert f"{host} <-> {host}" in out and "loopback" in out, out
+    with Store(head / "runs.db") as store:
+        ((pair, row),) = store.network_pairs().items()
+    assert pair == (host, host) and row["detail"]["nodes"] in ([0, 1], [0, 2], [1, 2])
+    assert not list((tmp_path / "node1").rglob("*.db")) and not list((tmp_path / "node2").rglob("*.db"))
+    assert _none_left(tmp_path) == {}
+
+
+def test_the_slowest_calibrated_pair_of_a_runs_hosts_bounds_its_network_and_a_missing_pair_falls_back() -> None:
+    from pkb_tui.engine import roofline
+
+    pairs = {("a", "b"): {"bandwidth_gbps": 40.0, "measured_at": 1.7e9, "mode": "nccl"},
+             ("a", "c"): {"bandwidth_gbps": 12.5, "measured_at": 1.7e9, "mode": "nccl"}}
+    missing = roofline.network_ceiling(["c", "a", "b"], pairs)
+    assert missing.gbps == roofline.DEFAULT_NETWORK_GBPS and missing.pair is None
+    assert "not calibrated: b <-> c" in missing.source and "a <-> b" not in missing.source, missing.source
+    pairs[("b", "c")] = {"bandwidth_gbps": 30.0, "measured_at": 1.7e9}
+    slowest = roofline.network_ceiling(["c", "a", "b"], pairs)
+    assert slowest.gbps == 12.5 and slowest.pair == ("a", "c")
+    assert "hosts a <-> c" in slowest.source and "slowest of 3 pairs" in slowest.source
+    assert roofline.network_ceiling(["a", "b"], pairs).gbps == 40.0
+
+
+def test_network_calibration_without_several_nodes_is_a_usage_error(cli, tmp_db: Path) -> None:
+    result = cli("calibrate", "--network")
+    assert result.code == 2 and "--nnodes 2 or more" in result.err, result.err
+    result = cli("calibrate", "--network", "--nnodes", "1", "--rdzv-endpoint", "127.0.0.1:29999")
+    assert result.code == 2 and "--nnodes 2 or more" in result.err, result.err
+    result = cli("calibrate", "--network", "--nnodes", "2", "--mode", "cpu")
+    assert result.code == 2 and "--rdzv-endpoint" in result.err, result.err
+    result = cli("calibrate", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29999")
+    assert result.code == 2 and "are for --network" in result.err, result.err
+    if tmp_db.exists():
+        with Store(tmp_db) as store:
+            assert store.conn.execute("SELECT COUNT(*) FROM calibrations").fetchone()[0] == 0
+
+
+def test_a_nodes_ranks_run_only_the_judges_or_the_network_calibration(tmp_path: Path) -> None:
+    from pkb_tui.engine.nodes import start_node_ranks
+
+    with pytest.raises(ValueError, match="not a module"):
+        start_node_ranks(tmp_path, 1, {"mode": "cpu"}, b"k" * 32, nproc=1, node_rank=0, rendezvous=None,
+                         module="os")
+    assert not (tmp_path / "spec.1.json").exists()

@@ -141,3 +141,30 @@ def test_latency_and_noise_floor_calibrations_are_kept_per_host_and_mode(tmp_pat
         assert store.latest_calibration(host) == {"device_copy": 4300.0}  # bandwidths only
         with pytest.raises(PkbError, match="no figure"):
             store.add_calibration(host, [{"kind": "noise_floor", "mode": "cpu"}])
+
+
+def test_a_file_from_before_network_pairs_migrates_and_keeps_its_host_figures_apart_from_pairs(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    conn = sqlite3.connect(db)
+    before = schema.MIGRATIONS.index(schema._V_NETWORK)
+    for migration in schema.MIGRATIONS[:before]:
+        for statement in migration:
+            conn.execute(statement)
+    conn.execute("INSERT INTO hosts (id, fingerprint, hostname, first_seen_at, last_seen_at) VALUES (1, 'f', 'box', 1, 1)")
+    conn.execute("INSERT INTO calibrations (host_id, measured_at, kind, bandwidth_gbps) VALUES (1, 10.0, 'device_copy', 4300.0)")
+    conn.execute(f"PRAGMA user_version = {before}")
+    conn.commit()
+    conn.close()
+    with Store(db) as store:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
+        assert store.latest_calibration(1) == {"device_copy": 4300.0} and store.network_pairs() == {}
+        # a pair is stored in order, whichever side is named first, and the newest row of a pair wins
+        store.add_calibration(1, [{"kind": "network_busbw", "host_a": "zeta", "host_b": "box", "bandwidth_gbps": 20.0,
+                                   "latency_us": 5.0, "measured_at": 20.0}])
+        store.add_calibration(1, [{"kind": "network_busbw", "host_a": "box", "host_b": "zeta", "bandwidth_gbps": 22.0,
+                                   "measured_at": 30.0}])
+        assert list(store.network_pairs()) == [("box", "zeta")]
+        assert store.network_pairs()[("box", "zeta")]["bandwidth_gbps"] == 22.0
+        assert store.latest_calibration(1) == {"device_copy": 4300.0}, "a pair's figure is not the host's"
+        with pytest.raises(PkbError, match="one host of a pair"):
+            store.add_calibration(1, [{"kind": "network_busbw", "host_a": "box", "bandwidth_gbps": 1.0}])

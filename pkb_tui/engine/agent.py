@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pkb_tui.engine import procs
-from pkb_tui.engine.nodes import DEFAULT_JOIN_TIMEOUT_S, DEFAULT_NODE_TIMEOUT_S, HEARTBEAT_S, Rendezvous, start_node_ranks
+from pkb_tui.engine.nodes import (
+    DEFAULT_JOIN_TIMEOUT_S,
+    DEFAULT_NODE_TIMEOUT_S,
+    HEARTBEAT_S,
+    RANK_MODULES,
+    Rendezvous,
+    start_node_ranks,
+)
 from pkb_tui.engine.uplink import Uplink, UplinkError, derive_key
 from pkb_tui.errors import EXIT_HARNESS, PkbError
 
@@ -206,8 +213,11 @@ class Agent:
         rendezvous = Rendezvous(nnodes=int(rdzv["nnodes"]), endpoint=str(rdzv["endpoint"]), run_id=str(rdzv["run_id"]),
                                 host_store=False, local_addr=self.uplink.sock.getsockname()[0])
         key = derive_key(self.config.join_key, f"events {batch_id} {self.launch}")
+        module = str(message.get("module") or RANK_MODULES[0])
+        if module not in RANK_MODULES:
+            raise PkbError(f"the launcher asked for ranks that run {module!r}, which is none of {', '.join(RANK_MODULES)}")
         self.proc = start_node_ranks(self.batch_dir, self.launch, spec, key, nproc=int(message["nproc"]),
-                                     node_rank=node_rank, rendezvous=rendezvous)
+                                     node_rank=node_rank, rendezvous=rendezvous, module=module)
         self.uplink.send({"t": "launched", "launch": self.launch, "batch_dir": str(self.batch_dir),
                           "torchrun_pid": self.proc.pid})
 

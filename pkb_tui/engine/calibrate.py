@@ -15,6 +15,8 @@ Kinds written to the calibrations table (bandwidth in GB/s = 1e9 bytes/s, one di
   smallest message (see link_latency_from_sweep).
 - noise_floor (noise_floor_fraction, per mode): the baseline timed against itself through the
   normal launcher (``--model baseline``) on a few tasks; how far the self-checks stray from 1.0x.
+- network_busbw (host_a <-> host_b): the network between two hosts, one rank a side, written by
+  `pkb-tui calibrate --network` (engine.netcal), read by Store.network_pairs.
 roofline.bandwidths_for reads them back through Store.latest_calibration / latest_link_latency;
 the launcher judges "within noise" by Store.latest_noise_floor.
 """

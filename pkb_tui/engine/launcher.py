@@ -46,13 +46,16 @@ from pkb_tui.engine.request import RunItem, RunRequest
 from pkb_tui.engine.solutions import PROJECT_ROOT, baseline_arity, find_model, validate_solution_file
 from pkb_tui.engine.topology import Topology
 from pkb_tui.engine.uplink import Message, Peer, UplinkServer, derive_key, parse_address
-from pkb_tui.errors import PkbError
+from pkb_tui.errors import EXIT_HARNESS, PkbError
 from pkb_tui.store import Store, default_db_path
 from pkb_tui.store.recovery import BatchWriter, RecoverySampleSink, not_stored_sentence
 from tasks.base import SIZE_NAMES, Traffic, all_tasks, broken_tasks, load_task
 
 EventCallback = Callable[[ev.Event, "int | None"], None]
 
+NETWORK_NEEDS_NODES = ("--network measures the network between nodes: give --nnodes 2 or more with --rdzv-endpoint "
+                       "HOST:PORT (and start `pkb-tui agent` on the other nodes), or --slurm in an allocation of "
+                       "two or more nodes.")
 HEARTBEAT_TIMEOUT_S = 60.0
 # A judge or torchrun seen stopped (SIGSTOP, a tracer) this long ends the launch: nothing of ours
 # stops them, so something else did, and the batch would otherwise hang on it.
@@ -180,6 +183,7 @@ class Launcher:
         self._agents_proc: subprocess.Popen | None = None
         self._lost: str | None = None  # a node lost during the batch: nothing more can launch
         self._run_id: int | None = None  # the run now running (its samples are stamped with it)
+        self._network: Any = None  # roofline.NetworkCeiling of a multi-node batch's hosts
 
     # ------------------------------------------------------------------ planning (no processes)
     def plan(self, request: RunRequest) -> list[RunItem]:
@@ -337,6 +341,105 @@ class Launcher:
                 database=self.db_path,
             )
         return self.outcome
+
+    # ------------------------------------------------------------------ the network between the nodes
+    def calibrate_network(self, spec: dict[str, Any], *, progress: Callable[[str], None] | None = None,
+                          cancel: threading.Event | None = None) -> dict[str, Any]:
+        """`pkb-tui calibrate --network`: gather the nodes as a run does (their agents join; srun
+        starts them under --slurm), then one launch of engine.netcal, one rank per node, which
+        measures every pair of nodes in turn. Returns rank 0's report (each node's host; per pair
+        both directions' sweeps and the latency); stores nothing (the caller writes the rows).
+        ``spec``: mode, sizes, repeats, timeout_s."""
+        from pkb_tui.engine import netcal
+
+        if not self.cluster.multi_node:
+            raise PkbError(NETWORK_NEEDS_NODES)
+        host, port = self.cluster.endpoint()
+        cancel = cancel or threading.Event()
+        self._topology = Topology.of(self.cluster.nnodes, self.cluster.nnodes)
+        self._mode = str(spec["mode"])
+        self._batch_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        batch_dir = self._batch_dir = self.runs_dir / self._batch_id
+        batch_dir.mkdir(parents=True, exist_ok=True)
+        self._join_key = self.cluster.join_key or secrets.token_bytes(32)
+        self._nodes, self._lost = {}, None
+        store = BatchWriter(Store(self.db_path), self._batch_id, fallback_dir=batch_dir)
+        try:
+            self._open_uplink()
+            missing = self._gather_nodes(store, batch_dir, cancel)
+            if cancel.is_set():
+                raise KeyboardInterrupt
+            if missing:
+                raise PkbError(f"The network calibration did not start: {missing}.", exit_code=EXIT_HARNESS)
+            server = self._server
+            assert server is not None
+            launch = self._launch_no = 1
+            event_key = derive_key(self._join_key, f"events {self._batch_id} {launch}")
+            server.set_key("judge", event_key)
+            rendezvous = Rendezvous(nnodes=self.cluster.nnodes, endpoint=f"{host}:{port}",
+                                    run_id=self.cluster.rdzv_id or self._batch_id, host_store=True, local_addr=host)
+            for node in self._nodes.values():
+                server.send(node.peer, {
+                    "t": "launch", "launch": launch, "batch_id": self._batch_id, "spec": spec, "nproc": 1,
+                    "node_timeout_s": self.cluster.node_timeout_s, "clock_offset_s": node.clock_offset_s,
+                    "module": netcal.MODULE,
+                    "rendezvous": {"nnodes": self.cluster.nnodes, "endpoint": rendezvous.endpoint, "run_id": rendezvous.run_id},
+                })
+            self._proc = start_node_ranks(
+                batch_dir, launch, {**spec, "launcher": f"127.0.0.1:{server.port}", "launcher_pid": os.getpid()},
+                event_key, nproc=1, node_rank=0, rendezvous=rendezvous, module=netcal.MODULE)
+            try:
+                return self._network_report(store, float(spec["timeout_s"]), batch_dir, progress, cancel)
+            finally:
+                self._kill_tree()
+                self._end_node_launches(launch, store)
+        finally:
+            self._kill_tree()
+            self._release_nodes(store, [])
+            store.close()
+            shutil.rmtree(batch_dir / "scratch", ignore_errors=True)
+
+    def _network_report(self, store: BatchWriter, timeout_s: float, batch_dir: Path,
+                        progress: Callable[[str], None] | None, cancel: threading.Event) -> dict[str, Any]:
+        """Wait for the calibration ranks' report, keeping the nodes' liveness as a run does."""
+        server, proc = self._server, self._proc
+        assert server is not None and proc is not None
+        deadline = time.monotonic() + timeout_s
+        last_ping = 0.0
+        while True:
+            for message in server.poll(0.1):
+                if message.peer.role == "agent":
+                    lost = self._on_node_message(store, message)
+                    if lost:
+                        raise PkbError(f"The network calibration stopped: {lost}.", exit_code=EXIT_HARNESS)
+                    continue
+                body = message.body
+                if body.get("t") == "progress" and progress is not None:
+                    progress(str(body.get("text"))[:200])
+                elif body.get("t") == "netcal":
+                    return body
+            now = time.monotonic()
+            if now - last_ping >= HEARTBEAT_S:
+                last_ping = now
+                self._ping_nodes()
+                silent = next((n for n in self._nodes.values() if now - n.peer.last_heard > self.cluster.node_timeout_s), None)
+                if silent is not None:
+                    raise PkbError(f"The network calibration stopped: {silent.describe()} was not heard from for "
+                                   f"{self.cluster.node_timeout_s:g} s.", exit_code=EXIT_HARNESS)
+                exited = next((n for n in self._nodes.values() if n.torchrun_exit is not None), None)
+                if exited is not None:
+                    raise PkbError(f"The network calibration's rank on {exited.describe()} exited (torchrun exit code "
+                                   f"{exited.torchrun_exit}) before the report; its log is launch.log in "
+                                   f"{exited.batch_dir} on {exited.host}.", exit_code=EXIT_HARNESS)
+            if proc.poll() is not None:
+                raise PkbError(f"The network calibration's rank on this node exited (torchrun exit code "
+                               f"{proc.returncode}) before the report; see {batch_dir / 'launch.log'}.",
+                               exit_code=EXIT_HARNESS)
+            if cancel.is_set():
+                raise KeyboardInterrupt
+            if now > deadline:
+                raise PkbError(f"The network calibration took longer than {timeout_s:g} s; its ranks were stopped "
+                               f"(see {batch_dir / 'launch.log'}).", exit_code=EXIT_HARNESS)
 
     def _on_database_lost(
         self, store: BatchWriter, sentence: str, recovery_path: Path | None, on_event: EventCallback | None,
@@ -851,6 +954,14 @@ class Launcher:
                 timings_representative=int(event.timings_representative and timings_representative(self._mode)),
                 notes=event.notes,
             )
+        self._network = None
+        if self.cluster.multi_node:
+            from pkb_tui.engine.roofline import network_ceiling
+
+            # The slowest calibrated pair of the batch's hosts, or the default naming the pair not measured.
+            self._network = network_ceiling(self._node_hosts(), store.network_pairs())
+            store.add_note([states[item.index].run_id for item in items],
+                           f"network between the nodes: {self._network.gbps:g} GB/s per GPU, {self._network.source}")
 
     def _finish(
         self, store: BatchWriter, state: _RunState, status: str, detail: str | None,
@@ -950,11 +1061,16 @@ class Launcher:
         except Exception:
             return None
 
+    def _node_hosts(self) -> list[str]:
+        """Each node's hostname, node 0 (this one) first, as the agents said when they joined."""
+        hosts = {0: socket.gethostname()}  # (the run's host is judge 0's, which may sit on another node)
+        hosts.update({n.rank: n.host for n in self._nodes.values()})
+        return [hosts[rank] for rank in sorted(hosts)]
+
     def _node_wire(self, link: ev.LinkBytes | None, request: RunRequest, task_id: str) -> list[dict[str, Any]]:
         """Per node, one variant's wire bytes per call against the traffic model (nodes.node_wire)."""
         topology = self._topology
-        hosts = {0: socket.gethostname()}  # (the run's host is judge 0's, which may sit on another node)
-        hosts.update({n.rank: n.host for n in self._nodes.values()})
+        hosts = dict(enumerate(self._node_hosts()))
         return node_wire(link.per_rank if link is not None else [], rank_nodes_of(getattr(self, "_rank_nodes", None), topology),
                          hosts, topology, self._rank_traffic(task_id, request), self._mode)
 
@@ -985,7 +1101,7 @@ class Launcher:
             bandwidths = roofline.bandwidths_for(getattr(self, "_host", {}), getattr(self, "_calibration", {}), self._mode,
                                                  request.world_size, latency=getattr(self, "_latency", None))
             bandwidths = roofline.with_topology(bandwidths, getattr(self, "_topology", None),
-                                                getattr(self, "_calibration", {}))
+                                                getattr(self, "_network", None))
             result = roofline.evaluate(traffic, median_us, bandwidths, request.dtype)
         except Exception:
             return {}

@@ -34,6 +34,9 @@ LAUNCHER_SECRETS = ("PKB_JOIN_KEY",)
 HEARTBEAT_S = 1.0
 DEFAULT_NODE_TIMEOUT_S = 20.0  # a node (or the head, seen from a node) silent this long is lost
 DEFAULT_JOIN_TIMEOUT_S = 300.0  # for every node's agent to join a batch
+# What a node's torchrun may run: the judges, or the network calibration's ranks (engine.netcal).
+# An agent starts only these, whatever the (authenticated) launch order names.
+RANK_MODULES = ("pkb_tui.engine.worker", "pkb_tui.engine.netcal")
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun_command(spec_path: Path, nproc: int, rendezvous: Rendezvous | None, launch: int) -> list[str]:
+def torchrun_command(spec_path: Path, nproc: int, rendezvous: Rendezvous | None, launch: int,
+                     module: str = RANK_MODULES[0]) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if rendezvous is None:
         # Pass the port explicitly: torch 2.11 defaults to 29500, 2.13 picks a free one.
@@ -73,7 +77,7 @@ def torchrun_command(spec_path: Path, nproc: int, rendezvous: Rendezvous | None,
         if rendezvous.local_addr:
             cmd += ["--local-addr", rendezvous.local_addr]
     cmd += ["--nproc-per-node", str(nproc), "--max-restarts", "0", "--monitor-interval", "0.2",
-            "-m", "pkb_tui.engine.worker", str(spec_path)]
+            "-m", module, str(spec_path)]
     return cmd
 
 
@@ -95,17 +99,20 @@ def rank_environment(mode: str, scratch: Path, event_key: bytes, node_rank: int,
 
 def start_node_ranks(
     batch_dir: Path, launch: int, spec: dict[str, Any], event_key: bytes, *, nproc: int, node_rank: int,
-    rendezvous: Rendezvous | None, env_extra: dict[str, str] | None = None,
+    rendezvous: Rendezvous | None, env_extra: dict[str, str] | None = None, module: str = RANK_MODULES[0],
 ) -> subprocess.Popen[bytes]:
     """Write this node's spec for a launch and start its torchrun (in a session of its own, output
     in launch.log). ``spec`` holds what the judges need (request, items, mode, the launcher's
-    channel address, the local watcher's pid); the folders are added here."""
+    channel address, the local watcher's pid); the folders are added here. ``module``: what each
+    rank runs, one of RANK_MODULES (the judges, or the network calibration)."""
+    if module not in RANK_MODULES:
+        raise ValueError(f"not a module a node's ranks run: {module!r}")
     scratch = batch_dir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     spec = {**spec, "log_dir": str(batch_dir), "scratch_dir": str(scratch), "node_rank": node_rank}
     spec_path = batch_dir / f"spec.{launch}.json"
     create_new(spec_path, json.dumps(spec).encode())
-    cmd = torchrun_command(spec_path, nproc, rendezvous, launch)
+    cmd = torchrun_command(spec_path, nproc, rendezvous, launch, module)
     env = rank_environment(spec["mode"], scratch, event_key, node_rank, env_extra)
     launch_log = batch_dir / "launch.log"
     with os.fdopen(os.open(launch_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "ab") as log:

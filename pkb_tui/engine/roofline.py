@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pkb_tui.engine.modes import CPU_MODE_LABEL
 from pkb_tui.engine.topology import Topology
+from pkb_tui.store.schema import host_pair
 from tasks.base import Traffic, bus_factor
 
 
@@ -139,23 +141,48 @@ DEFAULT_LATENCY_SOURCE = (
 
 # One 400 Gb/s NIC per GPU (NDR InfiniBand or 400GbE, as on DGX/HGX H100/H200 nodes): 50 GB/s one way.
 DEFAULT_NETWORK_GBPS = 50.0
-DEFAULT_NETWORK_SOURCE = (
-    "datasheet: one 400 Gb/s NIC per GPU (NDR InfiniBand / 400GbE), 50 GB/s one direction; "
-    "no calibration across nodes yet"
-)
+DEFAULT_NETWORK_SOURCE = "datasheet: one 400 Gb/s NIC per GPU (NDR InfiniBand / 400GbE), 50 GB/s one direction"
 
 
-def with_topology(bandwidths: Bandwidths, topology: Topology | None,
-                  calibration: dict[str, float] | None = None) -> Bandwidths:
-    """The ceilings of a run whose ranks span nodes: the same, plus the network between nodes (a
-    calibrated 'network_busbw' when there is one, else the per-GPU NIC default) and the share of
-    the traffic that crosses it. One node: unchanged."""
+@dataclass(frozen=True)
+class NetworkCeiling:
+    """The network a run across nodes is judged against: one GPU's share, one direction, and why."""
+
+    gbps: float
+    source: str
+    pair: tuple[str, str] | None = None  # the calibrated pair of hosts that set it (the slowest)
+
+
+def network_ceiling(node_hosts: Sequence[str], pairs: Mapping[tuple[str, str], Mapping[str, Any]]) -> NetworkCeiling:
+    """The network between a run's nodes (``node_hosts``: each node's hostname, node 0 first):
+    the calibrated figure of the slowest pair of their hosts (``pairs``: Store.network_pairs()),
+    the bottleneck of anything that crosses every pair; the datasheet default, saying which pair
+    was not calibrated, when any pair lacks a figure. Nodes that share a host make the pair
+    (host, host): what crosses between them goes over loopback, and that is what was measured."""
+    wanted = sorted({host_pair(a, b) for i, a in enumerate(node_hosts) for b in node_hosts[i + 1:]})
+    missing = [p for p in wanted if not (pairs.get(p) or {}).get("bandwidth_gbps")]
+    if not wanted or missing:
+        named = ", ".join(f"{a} <-> {b}" for a, b in missing) or "none: fewer than two nodes"
+        return NetworkCeiling(DEFAULT_NETWORK_GBPS, f"{DEFAULT_NETWORK_SOURCE}; host pair(s) not calibrated: {named} "
+                                                    "(`pkb-tui calibrate --network` measures them)")
+    slowest = min(wanted, key=lambda p: float(pairs[p]["bandwidth_gbps"]))
+    row = pairs[slowest]
+    when = time.strftime("%Y-%m-%d", time.localtime(row["measured_at"])) if row.get("measured_at") else "undated"
+    mode = f", {row['mode']} mode" if row.get("mode") else ""
+    of = f", the slowest of {len(wanted)} pairs" if len(wanted) > 1 else ""
+    return NetworkCeiling(float(row["bandwidth_gbps"]),
+                          f"calibrated {when} (network_busbw, hosts {slowest[0]} <-> {slowest[1]}{mode}{of})", slowest)
+
+
+def with_topology(bandwidths: Bandwidths, topology: Topology | None, network: NetworkCeiling | None = None) -> Bandwidths:
+    """The ceilings of a run whose ranks span nodes: the same, plus the network between nodes
+    (``network``, network_ceiling's answer for the run's hosts; None: the per-GPU NIC default) and
+    the share of the traffic that crosses it. One node: unchanged."""
     if topology is None or not topology.multi_node or bandwidths.no_roofline_reason:
         return bandwidths
-    measured = (calibration or {}).get("network_busbw")
-    network, source = (float(measured), "calibrated (network_busbw)") if measured else (
-        DEFAULT_NETWORK_GBPS, DEFAULT_NETWORK_SOURCE)
-    return replace(bandwidths, network_gbps=network, network_source=source,
+    if network is None:
+        network = NetworkCeiling(DEFAULT_NETWORK_GBPS, f"{DEFAULT_NETWORK_SOURCE}; the run's hosts were not given")
+    return replace(bandwidths, network_gbps=network.gbps, network_source=network.source,
                    cross_node_share=topology.cross_node_share(), ranks_per_node=topology.ranks_per_node)
 
 

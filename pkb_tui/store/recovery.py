@@ -321,6 +321,9 @@ class BatchWriter:
     def latest_noise_floor(self, host_id: int, mode: str) -> dict[str, Any] | None:
         return self._read(lambda store: store.latest_noise_floor(host_id, mode), lambda: None)
 
+    def network_pairs(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return self._read(lambda store: store.network_pairs(), dict)
+
     def close(self) -> None:
         with self._lock:
             if self.store is not None:

@@ -15,6 +15,11 @@ from pkb_tui.store.statuses import STATUSES as RUN_STATUSES  # noqa: F401  (the 
 
 VARIANTS = ("baseline", "candidate")
 
+
+def host_pair(a: str, b: str) -> tuple[str, str]:
+    """How a pair of hosts is keyed (calibrations.host_a, host_b): its two hostnames, in order."""
+    return (a, b) if a <= b else (b, a)
+
 _V1 = [
     """
     CREATE TABLE hosts (
@@ -435,5 +440,17 @@ _V_NODE_WIRE = [
     "ALTER TABLE results ADD COLUMN node_wire TEXT",
 ]
 
-MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_BATCHES, _V_NODES, _V_NODE_WIRE]
+# The network between two hosts (issue 16, `pkb-tui calibrate --network`): a figure of a pair of
+# hosts, not of one, so the pair is named in its own columns: host_a <= host_b, the hostnames the
+# nodes gave (the only identity the head has for another node; hosts rows are per hardware and
+# software fingerprint, so one machine can have several). host_id stays host_a's row. NULL: a
+# figure of one host (every other kind).
+_V_NETWORK = [
+    "ALTER TABLE calibrations ADD COLUMN host_a TEXT",
+    "ALTER TABLE calibrations ADD COLUMN host_b TEXT",
+    "CREATE INDEX calibrations_pair ON calibrations(kind, host_a, host_b, measured_at) WHERE host_a IS NOT NULL",
+]
+
+MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_BATCHES, _V_NODES, _V_NODE_WIRE,
+                               _V_NETWORK]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from pkb_tui.errors import EXIT_HARNESS, PkbError
 from pkb_tui.store.generate import GenerateStore
-from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION
+from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION, host_pair
 from pkb_tui.store.statuses import FINISHED_STATUSES, UNFINISHED_STATUSES, sql_list
 
 DEFAULT_DB = "runs.db"
@@ -550,22 +550,29 @@ class Store(GenerateStore):
         return live
 
     def add_calibration(self, host_id: int, rows: Iterable[dict[str, Any]]) -> None:
-        now = time.time()
         """Calibration rows: a bandwidth (bandwidth_gbps), a per-message latency (latency_us) or a
-        noise floor (noise_floor_fraction, with the mode it was measured in); at least one figure."""
+        noise floor (noise_floor_fraction, with the mode it was measured in); at least one figure.
+        A row of a pair of hosts (the network between them) names both in host_a / host_b."""
+        now = time.time()
         values = []
         for r in rows:
             figures = (r.get("bandwidth_gbps"), r.get("latency_us"), r.get("noise_floor_fraction"))
             if all(f is None for f in figures):
                 raise PkbError(f"Calibration row {r.get('kind')!r} has no figure; measure it or leave it out.")
+            pair = (r.get("host_a"), r.get("host_b"))
+            if (pair[0] is None) != (pair[1] is None):
+                raise PkbError(f"Calibration row {r.get('kind')!r} names one host of a pair; give host_a and host_b.")
+            if pair[0] is not None:
+                pair = host_pair(str(pair[0]), str(pair[1]))
             values.append((
                 host_id, r.get("measured_at", now), r["kind"], r.get("gpu_a"), r.get("gpu_b"), r.get("size_bytes"),
-                *figures, r.get("mode"), json.dumps(r.get("detail")) if r.get("detail") is not None else None,
+                *figures, r.get("mode"), json.dumps(r.get("detail")) if r.get("detail") is not None else None, *pair,
             ))
         with self.transaction() as conn:
             conn.executemany(
                 "INSERT INTO calibrations (host_id, measured_at, kind, gpu_a, gpu_b, size_bytes, bandwidth_gbps, "
-                "latency_us, noise_floor_fraction, mode, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values,
+                "latency_us, noise_floor_fraction, mode, detail, host_a, host_b) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values,
             )
 
     def _insert(self, table: str, fields: dict[str, Any]) -> int:
@@ -698,7 +705,7 @@ class Store(GenerateStore):
         """The newest figure per calibration kind (and GPU pair) for a host, in GB/s."""
         rows = self.conn.execute(
             "SELECT kind, gpu_a, gpu_b, bandwidth_gbps, MAX(measured_at) FROM calibrations "
-            "WHERE host_id=? AND bandwidth_gbps IS NOT NULL GROUP BY kind, gpu_a, gpu_b", (host_id,),
+            "WHERE host_id=? AND bandwidth_gbps IS NOT NULL AND host_a IS NULL GROUP BY kind, gpu_a, gpu_b", (host_id,),
         ).fetchall()
         out: dict[str, float] = {}
         for row in rows:
@@ -714,6 +721,18 @@ class Store(GenerateStore):
             "AND latency_us IS NOT NULL ORDER BY measured_at DESC, id DESC LIMIT 1", (host_id,),
         ).fetchone()
         return _with_detail(row)
+
+    def network_pairs(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The newest network calibration of every pair of hosts (`pkb-tui calibrate --network`),
+        by (host_a, host_b) with host_a <= host_b: bandwidth_gbps, latency_us, size_bytes, mode,
+        measured_at, detail."""
+        rows = self.conn.execute(
+            "SELECT c.host_a, c.host_b, c.bandwidth_gbps, c.latency_us, c.size_bytes, c.mode, c.measured_at, c.detail "
+            "FROM calibrations c WHERE c.kind='network_busbw' AND c.host_a IS NOT NULL AND c.id = ("
+            "SELECT d.id FROM calibrations d WHERE d.kind='network_busbw' AND d.host_a=c.host_a AND d.host_b=c.host_b "
+            "ORDER BY d.measured_at DESC, d.id DESC LIMIT 1) ORDER BY c.host_a, c.host_b",
+        ).fetchall()
+        return {(row["host_a"], row["host_b"]): _with_detail(row) or {} for row in rows}
 
     def latest_noise_floor(self, host_id: int, mode: str) -> dict[str, Any] | None:
         """The newest self-check spread measured on a host in ``mode``: noise_floor_fraction
