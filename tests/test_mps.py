@@ -41,6 +41,12 @@ FAKE_CONTROL = textwrap.dedent(
             sys.exit("An instance of this daemon is already running")
         body = "import os,time\\n" + (
             "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n" if os.environ.get("FAKE_MPS_STUBBORN") else ""
+        ) + (
+            # A server (a child of the daemon) that outlives the daemon's quit, as one whose client faulted.
+            "import subprocess, sys\\nsubprocess.Popen([sys.executable, '-c', %r])\\n" % (
+                "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "open(%r, 'w').write(str(os.getpid())); time.sleep(600)" % os.path.join(pipe, "server.pid"))
+            if os.environ.get("FAKE_MPS_SERVER_STUCK") else ""
         ) + "while not os.path.exists(os.path.join(%r, 'quit')): time.sleep(0.02)\\n" % pipe
         proc = subprocess.Popen([sys.executable, "-c", body], start_new_session=True)
         open(pidfile, "w").write(str(proc.pid))
@@ -133,3 +139,29 @@ def test_a_failing_daemon_reports_the_control_programs_words(fake_control, monke
     assert mps.start() is False
     assert "already running" in mps.reason and "exit 1" in mps.reason
     assert mps.env == {}
+
+
+def test_a_server_that_outlives_its_daemon_is_ended_and_a_restart_gives_a_fresh_daemon(fake_control, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_MPS_SERVER_STUCK", "1")
+    daemon = MpsDaemon()
+    assert daemon.start(), daemon.reason
+    first_pipe = Path(daemon.env["CUDA_MPS_PIPE_DIRECTORY"])
+    server_pid_file = first_pipe / "server.pid"
+    deadline = time.monotonic() + 10
+    while not server_pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    server = int(server_pid_file.read_text())
+    old_daemon = int((first_pipe / PID_FILE).read_text())
+    try:
+        assert daemon.restart(), daemon.reason
+        assert _pid_gone(server), "the old daemon's server lived on"
+        assert _pid_gone(old_daemon)
+        assert not first_pipe.exists()
+        new_pipe = Path(daemon.env["CUDA_MPS_PIPE_DIRECTORY"])
+        assert new_pipe != first_pipe and (new_pipe / PID_FILE).exists() and daemon.enabled
+    finally:
+        daemon.stop()
+        try:
+            os.kill(server, 9)
+        except OSError:
+            pass

@@ -308,6 +308,10 @@ class Launcher:
                         self._finish(store, states[item.index], "error", f"not run: {self._lost}", on_event)
                     break
                 launch += 1
+                if launch > 1 and mps is not None and mps.enabled:
+                    # The launch before ended early (a lost CUDA context, a dead rank): its clients'
+                    # fault may live on in the MPS server, so the rest runs under a fresh daemon.
+                    mps.restart()
                 remaining = self._launch(
                     store, request, mode, remaining, states, batch_dir, launch, mps, on_event, cancel,
                 )

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pkb_tui.engine import procs
+
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 
@@ -80,6 +82,10 @@ class MpsDaemon:
         """Ask the daemon to quit, wait for it, kill it if it will not go, and remove its folders."""
         if self._root is None:
             return
+        # Its MPS servers (children of the control daemon), known before it goes: a server whose
+        # client faulted can outlive the daemon's quit, and a new daemon's clients then failed to
+        # start on the H200 ("Unexpected error from cudaGetDeviceCount()").
+        servers = [(pid, _start_time(pid)) for pid in procs.descendants(self._pid)] if self._pid else []
         try:
             if self.enabled:
                 try:
@@ -89,11 +95,23 @@ class MpsDaemon:
                 self._wait_gone(self.stop_timeout_s)
         finally:
             self._kill_if_alive()
+            for pid, started in servers:
+                if started is not None and _start_time(pid) == started:  # the same process, not a reused pid
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
             self.enabled = False
             self.env = {}
             atexit.unregister(self.stop)
+
+    def restart(self) -> bool:
+        """A fresh daemon (new folders, new servers): between launches of a batch, after one whose
+        judges ended on a lost CUDA context (MPS shares a client's fault among all clients)."""
+        self.stop()
+        return self.start()
 
     def __enter__(self) -> "MpsDaemon":
         self.start()
@@ -188,6 +206,14 @@ class MpsDaemon:
 def _first_line(proc: subprocess.CompletedProcess) -> str:
     text = (proc.stderr or "").strip() or (proc.stdout or "").strip()
     return text.splitlines()[0] if text else ""
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None when gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _is_zombie(pid: int) -> bool:
