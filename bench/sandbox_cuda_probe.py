@@ -302,6 +302,14 @@ def readnet() -> int:
     for case, lines in transports.items():
         print(f"{case}: NCCL transports: " + ("; ".join(sorted(set(lines))[:6]) or "(none printed)"))
     confined_rows = [r for r in rows if not str(r.get("case", "")).endswith("control")]
+    # A confined case that fails where its unconfined control fails the same way is the platform's
+    # (NCCL refuses two ranks on one GPU), not the sandbox's: said, not counted.
+    control_failed = {str(r["case"]).removesuffix(", control"): ":".join(str(r["failed"]).split(":")[:2])
+                      for r in rows if str(r.get("case", "")).endswith("control") and r.get("failed")}
+    excused = [r for r in confined_rows if r.get("failed") and control_failed.get(str(r["case"])) == ":".join(str(r["failed"]).split(":")[:2])]
+    for r in excused:
+        print(f"{r['case']} rank {r.get('rank')}: fails as its unconfined control does ({str(r['failed'])[:120]})")
+    confined_rows = [r for r in confined_rows if r not in excused]
     ok = all("failed" not in r for r in confined_rows) and "ARRIVED" not in arrived and "NONE" not in mps_servers and all(
         r.get("reads") == "refused" and r.get("host listener") == "unreachable" and r.get("host unix socket") == "unreachable"
         for r in confined_rows)
