@@ -74,6 +74,27 @@ def test_a_changed_nice_or_affinity_of_another_process_is_seen_and_what_can_be_p
         child.wait()
 
 
+def test_a_renice_of_one_thread_of_the_baseline_runner_is_seen_and_undone_as_root() -> None:
+    code = ("import threading, time\n"
+            "t = threading.Thread(target=time.sleep, args=(60,), daemon=True); t.start()\n"
+            "print(t.native_id, flush=True); time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        tid = int(child.stdout.readline())
+        expected = placement.Scheduling.of(child.pid)
+        assert placement.moved(child.pid, expected, "the baseline's runner") is None
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, expected.nice + 7))  # its NCCL proxy, say
+        said = placement.moved(child.pid, expected, "the baseline's runner")
+        assert said and f"thread {tid}" in said and "timing tampered" in said, said
+        if os.geteuid() == 0:
+            assert placement.restore(child.pid, expected, "x") is None
+            assert os.getpriority(os.PRIO_PROCESS, tid) == expected.nice
+    finally:
+        child.kill()
+        child.wait()
+
+
 @pytest.mark.timeout(900)
 def test_a_candidate_that_renices_the_baseline_fails_and_the_next_model_passes(cli, tmp_db: Path) -> None:
     models = f"{ADVERSARIAL / 'renice-baseline'},{HONEST}"

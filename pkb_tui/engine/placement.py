@@ -101,12 +101,7 @@ def plan(local_rank: int, local_world: int, allowed: set[int] | None = None, sys
 def pin_process(cpus: frozenset[int], pid: int = 0) -> None:
     """Every thread of a process (``pid`` 0: this one) onto ``cpus``; threads it starts later
     inherit it from the thread that starts them."""
-    task_dir = Path(f"/proc/{pid or os.getpid()}/task")
-    try:
-        tids = [int(t) for t in os.listdir(task_dir)]
-    except OSError:
-        tids = [pid or os.getpid()]
-    for tid in tids:
+    for tid in _threads(pid or os.getpid()) or [pid or os.getpid()]:
         try:
             os.sched_setaffinity(tid, cpus)
         except OSError:  # a thread that ended meanwhile
@@ -121,28 +116,43 @@ def moved(pid: int, expected: Scheduling, who: str) -> str | None:
     except OSError:
         return None
     if now == expected:
+        # Its other threads (NCCL's proxy, CUDA's): their priority and policy, which no library
+        # changes; not their CPUs, which NCCL may narrow to the GPU's own.
+        for tid in _threads(pid):
+            try:
+                nice, policy = os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(tid)
+            except OSError:
+                continue  # ended meanwhile
+            if (nice, policy) != (expected.nice, expected.policy):
+                return (f"timing tampered: {who}'s thread {tid} had its scheduling changed while the candidate "
+                        f"ran (nice {nice}, policy {policy}; it had nice {expected.nice}, policy {expected.policy})")
         return None
     return (f"timing tampered: {who}'s scheduling was changed while the candidate ran "
             f"({now.describe()}; it had {expected.describe()})")
 
 
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
 def restore(pid: int, expected: Scheduling, who: str) -> str | None:
     """Put ``pid`` (every thread) back as ``expected`` where this process may (its CPUs always;
     a lower nice or another policy needs CAP_SYS_NICE); the sentence when it still differs."""
-    try:
-        if Scheduling.of(pid) == expected:
-            return None
-    except OSError:
+    if moved(pid, expected, who) is None:
         return None
     pin_process(expected.cpus, pid)
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, expected.nice)
-    except OSError:
-        pass
-    try:
-        os.sched_setscheduler(pid, expected.policy, os.sched_param(0))
-    except OSError:
-        pass
+    for tid in _threads(pid) or [pid]:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, expected.nice)
+        except OSError:
+            pass
+        try:
+            os.sched_setscheduler(tid, expected.policy, os.sched_param(0))
+        except OSError:
+            pass
     return moved(pid, expected, who)
 
 
