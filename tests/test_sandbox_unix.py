@@ -216,6 +216,7 @@ def test_the_hosts_named_sockets_are_covered_the_mps_folder_and_abstract_ones_st
         for listener in listeners.values():
             listener.close()
     assert got["hide"] == "None" and got["caps"] == "None", got
+    assert got.get("join", "None") == "None", got  # in its group's namespace, where asked
     if sandbox.landlock_abi() > 0:
         assert got["note"] == "None", got
     assert got["hidden"].startswith("refused") and got["symlink"].startswith("refused"), got

@@ -23,6 +23,18 @@ def _stat_fields(pid: int) -> list[str]:
         return f.read().rsplit(") ", 1)[1].split()
 
 
+def threads_after_exits(wait_s: float = 1.0) -> int:
+    """This process's threads, letting one that has returned finish leaving: Python's join()
+    returns before the OS thread is gone, and the full CI suite on the 2-core box saw 2 listed
+    right after a helper thread was joined (unshare and setns want a process of one thread)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        threads = len(os.listdir("/proc/self/task"))
+        if threads == 1 or time.monotonic() > deadline:
+            return threads
+        time.sleep(0.005)
+
+
 def children_by_parent() -> dict[int, list[int]]:
     """Every process's children, from one pass over /proc."""
     children: dict[int, list[int]] = {}

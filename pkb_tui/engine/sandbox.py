@@ -524,7 +524,9 @@ def join_net_namespace(net_fd: int, user_fd: int | None = None) -> str | None:
     """Move this process into a candidate group's namespace (before the sandbox and the capability
     drop: setns needs CAP_SYS_ADMIN there). None when done, else why not. Both calls act on the
     calling thread only, so a process that already runs other threads is refused."""
-    threads = len(os.listdir("/proc/self/task"))
+    from pkb_tui.engine.procs import threads_after_exits
+
+    threads = threads_after_exits()
     if threads > 1:
         return f"it already ran {threads} threads (setns moves only the calling one)"
     libc = _libc()

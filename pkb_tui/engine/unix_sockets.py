@@ -34,8 +34,9 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
-import time
 from dataclasses import dataclass, field
+
+from pkb_tui.engine import procs
 
 SWITCH = "PKB_SANDBOX_UNIX"  # "0": leave the host's named sockets reachable (said in the notes)
 ALLOW = "PKB_SANDBOX_UNIX_ALLOW"  # folders or sockets (":"-separated) a runner may still reach
@@ -125,23 +126,11 @@ def find_host_sockets(allowed: list[str] | None = None) -> HostSockets:
     return found
 
 
-def _threads_after_exits(wait_s: float = 1.0) -> int:
-    """This process's threads, letting one that has returned finish leaving: a joined thread can
-    still be listed for a moment (the full CI suite on the 2-core box saw 2 right after a helper
-    thread was joined)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        threads = len(os.listdir("/proc/self/task"))
-        if threads == 1 or time.monotonic() > deadline:
-            return threads
-        time.sleep(0.005)
-
-
 def hide(sockets: HostSockets) -> tuple[int, str | None]:
     """In this (single-threaded) process: a mount namespace of its own, propagation private, and
     /dev/null bound over each of ``sockets``. (covered, None) when done; else the sentence for the
     run's notes ("named unix sockets reachable: ..."). Irreversible for the process."""
-    threads = _threads_after_exits()
+    threads = procs.threads_after_exits()
     if threads > 1:
         return 0, f"named unix sockets reachable: the runner already ran {threads} threads (unshare needs one)"
     libc = ctypes.CDLL(None, use_errno=True)
