@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=30.0, help="each run's timeout (the hanging one uses it all)")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pkb-soak-"))
+    workdir.mkdir(parents=True, exist_ok=True)  # before the census: the database's own folder is not growth
     db, runs_dir = workdir / "runs.db", workdir / "runs"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     before = census(db)
