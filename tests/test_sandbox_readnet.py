@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import uuid
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from pkb_tui.engine import sandbox
 from pkb_tui.engine.sandbox import ReadDenials, landlock_abi
+from tests._listeners import Listener
 
 ROOT = Path(__file__).resolve().parents[1]
 ADVERSARIAL = Path(__file__).parent / "fixtures" / "adversarial"
@@ -211,37 +211,15 @@ def test_the_notes_say_when_the_network_stays_open(monkeypatch: pytest.MonkeyPat
                                           "named unix sockets reachable: PKB_SANDBOX=0")
 
 
-class _Listener:
+class _Listener(Listener):
     """A TCP listener on the host's 127.0.0.1 that keeps whatever arrives."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.5)
-        self.port = self.sock.getsockname()[1]
-        self.received: list[bytes] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.settimeout(2)
-                try:
-                    self.received.append(conn.recv(4096))
-                except OSError:
-                    self.received.append(b"(connected)")
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
-        self.sock.close()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        self.port = sock.getsockname()[1]
+        super().__init__(sock)
 
 
 @pytest.mark.timeout(900)

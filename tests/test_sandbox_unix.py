@@ -23,13 +23,14 @@ from pathlib import Path
 import pytest
 
 from pkb_tui.engine import sandbox, unix_sockets
+from tests._listeners import Listener
 
 ROOT = Path(__file__).resolve().parents[1]
 ADVERSARIAL = Path(__file__).parent / "fixtures" / "adversarial"
 HONEST = ROOT / "solutions" / "torch-p2p"
 
 
-class _UnixListener:
+class _UnixListener(Listener):
     """A listening unix socket (a path, or an abstract name) that keeps whatever arrives."""
 
     def __init__(self, address: str, sock: socket.socket | None = None) -> None:
@@ -40,30 +41,7 @@ class _UnixListener:
             sock.listen(16)
         if not address.startswith("\0"):
             os.chmod(address, 0o777)  # an unprivileged runner may connect as far as modes go
-        self.sock = sock
-        self.sock.settimeout(0.2)
-        self.received: list[bytes] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.settimeout(2)
-                try:
-                    self.received.append(conn.recv(4096) or b"(connected)")
-                except OSError:
-                    self.received.append(b"(connected)")
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
-        self.sock.close()
+        super().__init__(sock, accept_timeout_s=0.2)
 
 
 def _bound_in_another_netns(path: str) -> socket.socket | str:

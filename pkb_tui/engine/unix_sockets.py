@@ -105,25 +105,27 @@ def find_host_sockets(allowed: list[str] | None = None) -> HostSockets:
         target = _real(path)
         if target in real or any(_within(target, a) for a in allowed):
             continue
-        try:
-            st = os.stat(target)
-        except OSError:
-            continue
-        if stat.S_ISSOCK(st.st_mode):
+        key = _socket_key(target)
+        if key is not None:
             real[target] = None
-            keys[(st.st_dev, st.st_ino)] = target
+            keys[key] = target
     for target in list(real):
         for alias in _aliases(target, mounts):
             if alias in real or any(_within(alias, a) for a in allowed):
                 continue
-            try:
-                st = os.stat(alias)
-            except OSError:
-                continue
-            if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) in keys:
+            if _socket_key(alias) in keys:
                 real[alias] = None
     found.paths = list(real)
     return found
+
+
+def _socket_key(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the socket at ``path``; None when it is not one or cannot be seen."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
 
 
 def hide(sockets: HostSockets) -> tuple[int, str | None]:
