@@ -12,6 +12,9 @@ the median per-call time and the sd of log(block k / block k+1) (what a paired r
   eager      clone + all_reduce (nccl, one rank) + copy into a slot, 10,007 floats: the small
              all_reduce self-check's call, host-bound; with Python's GC as is, and frozen + off
   graph      the same calls captured in one CUDA graph and replayed (perf_counter and events)
+  handoff    a judge-like process (on the judge's core) sends a command over a pipe to a child on
+             the runners' cores, which spins for it, works 5 ms and answers: the round trip less
+             the child's own 5 ms, as the judge's clock sees a block's hand-offs
 
 and the CPU's steal time over each part (/proc/stat). CPU only: the python part alone.
 """
@@ -26,8 +29,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -68,6 +72,61 @@ def calls_for(fn: Callable[[], Any], target_us: float = 5000.0) -> int:
     return max(1, int(target_us / max(per, 0.05)))
 
 
+def _child(read_fd: int, write_fd: int, cpus: Any) -> None:
+    from pkb_tui.engine import channel, placement
+
+    if cpus:
+        placement.pin_process(frozenset(cpus))
+    while True:
+        message = channel.receive(read_fd, spin_s=1.0)
+        if message.get("op") == "exit":
+            return
+        t_in = time.perf_counter_ns()
+        end = t_in + 5_000_000
+        while time.perf_counter_ns() < end:
+            pass
+        channel.send(write_fd, {"ok": True, "t_in": t_in, "t_out": time.perf_counter_ns()})
+
+
+def handoff(where: Any, blocks: int, report: dict[str, Any]) -> None:
+    """The judge's clock around a 5 ms block in a child that spins for its command (engine.channel)."""
+    from pkb_tui.engine import channel, placement
+
+    to_r, to_w = os.pipe()
+    back_r, back_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child(to_r, back_w, sorted(where.runners))
+        finally:
+            os._exit(0)
+    if where.pinned:
+        placement.pin_process(where.judge)
+    overhead, wake_in, wake_out = [], [], []
+    for _ in range(blocks + 3):
+        time.sleep(0.002)  # the judge's checks between blocks
+        t0 = time.perf_counter_ns()
+        channel.send(to_w, {"op": "run"})
+        channel.spin_until_readable(back_r, 0.05)
+        reply = channel.receive(back_r)
+        t1 = time.perf_counter_ns()
+        overhead.append((t1 - t0 - (reply["t_out"] - reply["t_in"])) / 1e3)
+        wake_in.append((reply["t_in"] - t0) / 1e3)
+        wake_out.append((t1 - reply["t_out"]) / 1e3)
+    channel.send(to_w, {"op": "exit"})
+    os.waitpid(pid, 0)
+    if where.pinned:
+        placement.pin_process(where.runners)
+    q = lambda v: sorted(v[3:])  # noqa: E731
+    entry = {name: {"median_us": statistics.median(q(v)), "p90_us": q(v)[len(q(v)) * 9 // 10], "max_us": max(q(v)),
+                    "sd_us": statistics.pstdev(q(v))}
+             for name, v in (("round_trip_less_work", overhead), ("wake_in", wake_in), ("wake_out", wake_out))}
+    report["handoff"] = entry
+    for name, e in entry.items():
+        print(f"handoff {name:22s} median {e['median_us']:8.1f} us  p90 {e['p90_us']:8.1f}  max {e['max_us']:8.1f}"
+              f"  sd {e['sd_us']:.1f}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=200)
@@ -97,6 +156,7 @@ def main() -> int:
 
     measure("python", py_block, args.blocks, report)
 
+    handoff(where, args.blocks, report)
     import torch
 
     if not torch.cuda.is_available():
@@ -127,6 +187,15 @@ def main() -> int:
             torch.cuda.synchronize()
             return (time.perf_counter_ns() - t) / 1e3 / n_eager
 
+        def plain_block() -> float:  # the same without NCCL: clone and copy
+            torch.cuda.synchronize()
+            t = time.perf_counter_ns()
+            for i in range(n_eager):
+                slots[i].copy_(x.clone())
+            torch.cuda.synchronize()
+            return (time.perf_counter_ns() - t) / 1e3 / n_eager
+
+        measure(f"eager x{n_eager} (no NCCL call)", plain_block, args.blocks, report)
         measure(f"eager x{n_eager} (gc as is)", eager_block, args.blocks, report)
         gc.collect()
         gc.freeze()

@@ -70,3 +70,15 @@ def test_outputs_aliasing_inputs_or_earlier_outputs_are_flagged() -> None:
     earlier = torch.randn(4)
     assert "earlier call" in find_aliasing((earlier,), [x], [earlier])
     assert find_aliasing(x.clone(), [x], [earlier]) is None
+
+
+def test_a_plain_value_the_runner_did_not_send_reads_none_never_the_expected_one() -> None:
+    """Runner replies leave out empty lists; the judge must not fill the gap from its own spec."""
+    import torch
+
+    from pkb_tui.engine.worker import _build_output
+
+    arena = torch.zeros(16, dtype=torch.uint8)
+    spec = {"tuple": [{"v": 42}]}
+    assert _build_output(spec, arena, []) == (None,)
+    assert _build_output(spec, arena, [7]) == (7,)

@@ -82,7 +82,7 @@ MAX_CALLS_PER_BLOCK = {"cuda": 512, "cpu": 16}
 # a block held ~0.5 ms of the call's own GPU work under ~1.5 ms of copies and pipe hand-offs, and
 # the per-round ratio of the baseline against itself spread sd 0.3-1.5 (log) at size small. Graph
 # blocks may hold more calls (the inputs, outputs and checks of each still fit the arena budget).
-MAX_GRAPH_CALLS_PER_BLOCK = 4096
+MAX_GRAPH_CALLS_PER_BLOCK = 1024
 # cpu: 5 ms, not more: gloo timings are for development, and each timed call costs the judges its
 # expected outputs (two collectives of their own), which on a small box is most of an item's time.
 TARGET_BLOCK_US = {"cuda": 5_000.0, "cpu": 5_000.0}
@@ -1057,7 +1057,9 @@ class Rank:
                 outputs.append(str(issue)[:500])
                 continue
             try:
-                outputs.append(_build_output(spec, arena, leaves[i] if i < len(leaves) and how != "graph" else None))
+                # A plain value the runner did not send reads None (wrong), never the expected one:
+                # replies leave out empty lists (runner._run_block).
+                outputs.append(_build_output(spec, arena, None if how == "graph" else (leaves[i] if i < len(leaves) else [])))
             except (channel.ChannelError, TypeError, ValueError, IndexError) as exc:
                 outputs.append(f"outputs unreadable: {exc}")
         try:
@@ -1083,17 +1085,21 @@ class Rank:
 
     def _more_rounds(self, series: dict, candidate_ok: bool, rounds_done: int, least_rounds: int, elapsed_s: float,
                      budget_s: float, statistic: str) -> bool:
-        """Whether to time another round (engine.stats.next_round_needed on the eager figures)."""
+        """Whether to time another round (engine.stats.next_round_needed on the figures of the
+        method the speedup is read from: --speedup-basis, eager where the call has no graph)."""
         if rounds_done < least_rounds:
             return True
         if not candidate_ok or rounds_done >= MAX_ROUNDS or self.device.type != "cuda":
             return False  # cpu: a fixed count (its spread is the host's, not the kernels'; see stats)
-        overhead = _null_overhead_us(series)
+        method = getattr(self.request, "speedup_basis", "eager") or "eager"
+        if not any(series.get(("candidate", method), Series()).rounds) or series[("candidate", method)].note:
+            method = "eager"
+        overhead = _null_overhead_us(series, method)
 
         def per_call(key: tuple[str, str]) -> list[list[float]]:
             return [[per_call_us(b.wall_us, overhead, b.calls) for b in r] for r in series[key].rounds if r]
 
-        decision = stats.next_round_needed(per_call(("baseline", "eager")), per_call(("candidate", "eager")),
+        decision = stats.next_round_needed(per_call(("baseline", method)), per_call(("candidate", method)),
                                            elapsed_s=elapsed_s, budget_s=budget_s, least_rounds=least_rounds,
                                            max_rounds=MAX_ROUNDS, statistic=statistic)
         return decision.more
@@ -1562,9 +1568,10 @@ def _build_output(spec: Any, arena: torch.Tensor, leaves: list[Any] | None) -> A
     return walk(spec)
 
 
-def _null_overhead_us(series: dict) -> float:
-    """The harness's share of an eager block so far, as this judge saw it: its null blocks' median."""
-    nulls = sorted(b.wall_us for r in series[("baseline", "null")].rounds for b in r)
+def _null_overhead_us(series: dict, method: str = "eager") -> float:
+    """The harness's share of a block of ``method`` so far, as this judge saw it: its null blocks' median."""
+    key = ("baseline", "null" if method == "eager" else "graph-null")
+    nulls = sorted(b.wall_us for r in series[key].rounds for b in r) if key in series else []
     return percentile(nulls, 50) if nulls else 0.0
 
 
