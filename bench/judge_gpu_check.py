@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -294,6 +296,39 @@ def part_spin(out: Path, report: dict) -> None:
     report["spin"] = {"cycles_per_us": rate, "lengths_us": lengths, "rows": rows, "profiled": checks}
 
 
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def bias_parts(events: dict, item: int) -> dict[str, Any]:
+    """Per method, the self-check's median per-round ratio B/C three ways: the judge's figure (wall
+    less the baseline's null blocks), the runners' own event times (no hand-off in them), and the
+    hand-offs alone (rank 0: in + out per block, candidate less baseline, us per block)."""
+    out: dict[str, Any] = {}
+    timing = events.get(item, {}).get("timing", {})
+    for method in ("eager", "graph"):
+        b = (timing.get("baseline") or {}).get(method) or {}
+        c = (timing.get("candidate") or {}).get(method) or {}
+        pairs = list(zip(b.get("reported_rounds_us") or [], c.get("reported_rounds_us") or []))
+        ratios = [rb[0] / rc[0] for rb, rc in pairs if rb and rc and rb[0] and rc[0]]
+        out[f"{method}_reported"] = round(_median(ratios), 4) if ratios else None
+        hand = []
+        for hb, hc in zip(b.get("handoff_rounds_us") or [], c.get("handoff_rounds_us") or []):
+            if hb and hc and None not in hb[0] and None not in hc[0]:
+                hand.append(sum(hc[0]) - sum(hb[0]))
+        out[f"{method}_handoff_c_minus_b_us"] = round(_median(hand), 2) if hand else None
+        walls = [rb[0] / rc[0] for rb, rc in zip(b.get("rounds_us") or [], c.get("rounds_us") or []) if rb and rc and rc[0]]
+        out[f"{method}_rounds"] = len(walls)
+        if walls:
+            logs = sorted(math.log(w) for w in walls if w > 0)
+            out[f"{method}_round_sd"] = round(statistics.pstdev(logs), 4) if len(logs) > 1 else None
+    return out
+
+
 def part_selfcheck(out: Path, report: dict, size: str = "small", timeout_s: int = 25) -> None:
     doc, events = cli(out, "selfcheck", ["--task", os.environ.get("SELFCHECK_TASKS", "all"), "--model", "baseline", "--world-size", "1", "--mode", "nccl",
                                          "--size", size, "--trials", "1", "--iterations", "1", "--no-profile",
@@ -311,6 +346,9 @@ def part_selfcheck(out: Path, report: dict, size: str = "small", timeout_s: int 
         row["status"] = run.get("status")
         row["speedup"], row["low"], row["high"] = run.get("speedup"), run.get("speedup_low"), run.get("speedup_high")
         rows.append(row)
+    for row in rows:  # where a self-check's bias comes from: the runner's own device time and the hand-offs
+        item = next(i for i, sl in events.items() if sl.get("task") == row["task"])
+        row.update(bias_parts(events, item))
     for row in rows:  # device time: the graph figure where the call can be captured, else eager
         row["device"] = row["graph"] if row["graph"] else row["eager"]
     within_device = sum(1 for r in rows if r["device"] and abs(r["device"] - 1) <= 0.03)

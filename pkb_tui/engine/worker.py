@@ -1367,7 +1367,13 @@ class Rank:
                 summary = stats.summarize_rounds(per_call)
                 figures[how] = {"median_us": summary.median_us, "p10_us": summary.p10_us, "p90_us": summary.p90_us,
                                 "mean_us": summary.mean_us, "min_us": summary.min_us, "max_us": summary.max_us,
-                                "iterations": summary.samples, "rounds_us": per_call}
+                                "iterations": summary.samples, "rounds_us": per_call,
+                                # Diagnosis only, never a verdict: per block, the runner's own event time
+                                # per call (the candidate's is its word) and rank 0's hand-offs in and out.
+                                "reported_rounds_us": [[round(r / n, 4) if n and math.isfinite(r) else None
+                                                        for _, r, n in row] for row in rows],
+                                "handoff_rounds_us": [[[_round(b[3]), _round(b[4])] for b in r]
+                                                      for r in gathered[0].get(f"{variant}|{how}", [])]}
                 if variant == "candidate" and tampered is None:
                     tampered = _tampered([g.get(f"candidate|{how}", []) for g in gathered], overhead[how])
             eager = figures.get("eager")
@@ -1822,6 +1828,10 @@ def _trial_seed(seed: int, task_id: str, trial: Any) -> int:
 
 def _nbytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_in(value))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def _finite(value: float | None) -> float | None:
