@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKS = ["patch-judge", "gc-scavenge", "seed-rebuild", "memo-address", "count-calls", "thread-after-window",
            "lying-subclass", "forge-events", "slow-baseline", "patch-clock", "cpu-burner", "forge-reply", "kill-judge",
-           "gpu-linger", "gpu-linger-long", "renice-baseline"]
+           "gpu-linger", "gpu-linger-long", "renice-baseline", "head-start"]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 

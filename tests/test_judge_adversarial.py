@@ -29,12 +29,14 @@ WRONG_ANSWERS = {
     "lying-subclass": "failed",       # a tensor whose operations claim zero error
     "forge-events": "failed",         # appends forged 'passed' lines to the event files
 }
-RIGHT_ANSWERS = ("slow-baseline", "cpu-burner")  # correct, attack the timing
+# Correct, attack the timing. head-start computes its block in "prepare", before the window opens
+# (19.3x on the old order, inputs written before "prepare"; 0.89x with the inputs written after it).
+RIGHT_ANSWERS = ("slow-baseline", "cpu-burner", "head-start")
 # With the attack working these read 10x-1000x (a 20 ms sleep in each baseline call, clocks at 0).
 MAX_SPEEDUP = 3.0
 
 
-@pytest.mark.timeout(1800)  # 14 items, three runner processes per rank each, on a 2-core box
+@pytest.mark.timeout(1800)  # 15 items, three runner processes per rank each, on a 2-core box
 def test_attacks_get_honest_verdicts_and_an_honest_model_after_them_keeps_its_own(cli, tmp_db: Path) -> None:
     attacks = [*WRONG_ANSWERS, *RIGHT_ANSWERS, "patch-clock", "forge-reply", "kill-judge"]
     models = ",".join([*(str(ADVERSARIAL / a) for a in attacks), str(HONEST)])

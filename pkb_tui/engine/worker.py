@@ -985,18 +985,19 @@ class Rank:
         reply: dict[str, Any] = {}
         try:
             runner.ensure_arena(layout.end, deadline, abort)
-            arena = runner.arena.tensor
-            for value, spec in zip(inputs, in_specs):
-                channel.write(value, spec, arena)
-            arena[out_start:layout.end].fill_(0xFF)  # poison: a slot the runner never writes reads NaN
-            self._flush_l2()
-            self._sync()
+            # The runner learns the layout, then is stopped before this block's inputs land, and
+            # stays stopped until the judge's clock runs: it can neither see them nor start on
+            # them early. (With the inputs written first and the runner spinning on after
+            # "prepare", a candidate could start the block during the probe and the barrier:
+            # fixture adversarial/head-start.) The prepared views are the same slots every block
+            # of this layout ("same" on the runner's side).
             _expect_ok(runner.request({"op": "prepare", "inputs": in_specs, "outputs": out_specs, "key": key},
                                       deadline, abort), runner.label)
+            runner.pause()
         except CandidateFailure as exc:
             failure = exc
             self._signal_abort(self.current_item)
-        if failure is None and timed and idle_check is not None:
+        if failure is None and timed and idle_check is not None and runner is not idle_check:
             # ``idle_check``: the candidate's runner, stopped. It may have moved the baseline's runner
             # or this judge onto a busy CPU or to a lower priority (no capability needed).
             moved = self._scheduling_moved(runner)
@@ -1004,11 +1005,23 @@ class Rank:
                 failure = CandidateFailure("failed", moved)
                 self._signal_abort(self.current_item)
         if failure is None and timed and idle_check is not None and self.device.type == "cuda":
-            # ``idle_check``: the candidate's runner, stopped; nothing of it may still run on the GPU.
+            # ``idle_check``: the candidate's runner, stopped; nothing of it may still run on the GPU,
+            # neither while the baseline is timed nor, before the candidate's own block, a kernel
+            # left waiting for the inputs to land (it would start on them before the window).
             failure = await_idle_gpu(self._gpu_probe_us, lambda: self._kill_candidate(idle_check))
             if failure is not None:
                 self._signal_abort(self.current_item)
-        runner.resume()  # the wake-up from SIGSTOP stays outside the timed window
+        if failure is None:
+            try:
+                arena = runner.arena.tensor
+                for value, spec in zip(inputs, in_specs):
+                    channel.write(value, spec, arena)
+                arena[out_start:layout.end].fill_(0xFF)  # poison: a slot the runner never writes reads NaN
+                self._flush_l2()
+                self._sync()
+            except CandidateFailure as exc:
+                failure = exc
+                self._signal_abort(self.current_item)
         if timed:
             self.barrier()
         wall_us = 0.0
@@ -1018,6 +1031,8 @@ class Rank:
                 counters.start()
             self.timing_block = timed  # the guard keeps off the GIL while a block is timed
             t0 = _perf_counter_ns()
+            # The wake-up from SIGSTOP falls inside the window, for every block alike (the null
+            # blocks pay it too, and it is subtracted with them); request() sends SIGCONT first.
             try:
                 reply = runner.request({"op": "run", "how": how, "check": check, "poison": poison}, deadline, abort,
                                        spin_s=0.05 if timed and self.device.type == "cuda" else 0.0)
@@ -1264,7 +1279,7 @@ class Rank:
                             block, outputs, reply = self._call(
                                 runner, inputs[:n], expected[:n], how, deadline, abort, timed=True,
                                 counters=counters[variant] if how == "eager" else None,
-                                idle_check=candidate if variant == "baseline" and candidate_ok else None)
+                                idle_check=candidate if candidate_ok else None)
                             if nic is not None and how == "eager":
                                 nic[variant].end(n)
                             if how == "eager" and counters[variant] is not None:
