@@ -985,12 +985,11 @@ class Rank:
         reply: dict[str, Any] = {}
         try:
             runner.ensure_arena(layout.end, deadline, abort)
-            # The runner learns the layout, then is stopped before this block's inputs land, and
-            # stays stopped until the judge's clock runs: it can neither see them nor start on
-            # them early. (With the inputs written first and the runner spinning on after
-            # "prepare", a candidate could start the block during the probe and the barrier:
-            # fixture adversarial/head-start.) The prepared views are the same slots every block
-            # of this layout ("same" on the runner's side).
+            # The runner learns the layout, then is stopped while this block's inputs land: it
+            # cannot see them before it is woken just ahead of the barrier. (With the inputs
+            # written first, a candidate computed the whole block in "prepare", outside the
+            # window: fixture adversarial/head-start, 19.3x.) The prepared views are the same
+            # slots every block of this layout ("same" on the runner's side).
             _expect_ok(runner.request({"op": "prepare", "inputs": in_specs, "outputs": out_specs, "key": key},
                                       deadline, abort), runner.label)
             runner.pause()
@@ -1022,6 +1021,11 @@ class Rank:
             except CandidateFailure as exc:
                 failure = exc
                 self._signal_abort(self.current_item)
+        # The wake-up from SIGSTOP stays outside the window: inside it, it cost ~1 ms a block on the
+        # H200 VM (hand-offs 0.9 ms, sd up to 0.6 ms, against ~0.14 ms for a spinning runner), most
+        # of a small call's block. What the runner can start on before t0 is what the barrier
+        # takes once it is awake (tens of us at one rank).
+        runner.resume()
         if timed:
             self.barrier()
         wall_us = 0.0
@@ -1031,8 +1035,6 @@ class Rank:
                 counters.start()
             self.timing_block = timed  # the guard keeps off the GIL while a block is timed
             t0 = _perf_counter_ns()
-            # The wake-up from SIGSTOP falls inside the window, for every block alike (the null
-            # blocks pay it too, and it is subtracted with them); request() sends SIGCONT first.
             try:
                 reply = runner.request({"op": "run", "how": how, "check": check, "poison": poison}, deadline, abort,
                                        spin_s=0.05 if timed and self.device.type == "cuda" else 0.0)
