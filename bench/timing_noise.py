@@ -14,7 +14,8 @@ the median per-call time and the sd of log(block k / block k+1) (what a paired r
   graph      the same calls captured in one CUDA graph and replayed (perf_counter and events)
   handoff    a judge-like process (on the judge's core) sends a command over a pipe to a child on
              the runners' cores, which spins for it, works 5 ms and answers: the round trip less
-             the child's own 5 ms, as the judge's clock sees a block's hand-offs
+             the child's own 5 ms, as the judge's clock sees a block's hand-offs; then the same
+             over the bell (engine.channel.Bell: a shared page both spin on, no system call)
 
 and the CPU's steal time over each part (/proc/stat). CPU only: the python part alone.
 """
@@ -72,32 +73,44 @@ def calls_for(fn: Callable[[], Any], target_us: float = 5000.0) -> int:
     return max(1, int(target_us / max(per, 0.05)))
 
 
-def _child(read_fd: int, write_fd: int, cpus: Any) -> None:
+def _child(read_fd: int, write_fd: int, cpus: Any, bell: Any) -> None:
     from pkb_tui.engine import channel, placement
 
     if cpus:
         placement.pin_process(frozenset(cpus))
+    seen = 0
     while True:
-        message = channel.receive(read_fd, spin_s=1.0)
+        if bell is None:
+            message = channel.receive(read_fd, spin_s=1.0)
+        else:
+            while (message := bell.take(channel.TO_RUNNER, seen)) is None:
+                pass
+            seen = bell.seq(channel.TO_RUNNER)
         if message.get("op") == "exit":
             return
         t_in = time.perf_counter_ns()
         end = t_in + 5_000_000
         while time.perf_counter_ns() < end:
             pass
-        channel.send(write_fd, {"ok": True, "t_in": t_in, "t_out": time.perf_counter_ns()})
+        reply = {"ok": True, "t_in": t_in, "t_out": time.perf_counter_ns()}
+        if bell is None:
+            channel.send(write_fd, reply)
+        else:
+            bell.post(channel.TO_JUDGE, reply)
 
 
-def handoff(where: Any, blocks: int, report: dict[str, Any]) -> None:
-    """The judge's clock around a 5 ms block in a child that spins for its command (engine.channel)."""
+def handoff(where: Any, blocks: int, report: dict[str, Any], over: str = "pipe") -> None:
+    """The judge's clock around a 5 ms block in a child that spins for its command (engine.channel):
+    over a pipe, or over the bell (a shared page, as the judge's timed runs on a GPU box)."""
     from pkb_tui.engine import channel, placement
 
     to_r, to_w = os.pipe()
     back_r, back_w = os.pipe()
+    bell = channel.Bell() if over == "bell" else None
     pid = os.fork()
     if pid == 0:
         try:
-            _child(to_r, back_w, sorted(where.runners))
+            _child(to_r, back_w, sorted(where.runners), bell)
         finally:
             os._exit(0)
     if where.pinned:
@@ -105,15 +118,24 @@ def handoff(where: Any, blocks: int, report: dict[str, Any]) -> None:
     overhead, wake_in, wake_out = [], [], []
     for _ in range(blocks + 3):
         time.sleep(0.002)  # the judge's checks between blocks
+        last = bell.seq(channel.TO_JUDGE) if bell is not None else 0
         t0 = time.perf_counter_ns()
-        channel.send(to_w, {"op": "run"})
-        channel.spin_until_readable(back_r, 0.05)
-        reply = channel.receive(back_r)
+        if bell is None:
+            channel.send(to_w, {"op": "run"})
+            channel.spin_until_readable(back_r, 0.05)
+            reply = channel.receive(back_r)
+        else:
+            bell.post(channel.TO_RUNNER, {"op": "run"})
+            while (reply := bell.take(channel.TO_JUDGE, last)) is None:
+                pass
         t1 = time.perf_counter_ns()
         overhead.append((t1 - t0 - (reply["t_out"] - reply["t_in"])) / 1e3)
         wake_in.append((reply["t_in"] - t0) / 1e3)
         wake_out.append((t1 - reply["t_out"]) / 1e3)
-    channel.send(to_w, {"op": "exit"})
+    if bell is None:
+        channel.send(to_w, {"op": "exit"})
+    else:
+        bell.post(channel.TO_RUNNER, {"op": "exit"})
     os.waitpid(pid, 0)
     if where.pinned:
         placement.pin_process(where.runners)
@@ -121,9 +143,9 @@ def handoff(where: Any, blocks: int, report: dict[str, Any]) -> None:
     entry = {name: {"median_us": statistics.median(q(v)), "p90_us": q(v)[len(q(v)) * 9 // 10], "max_us": max(q(v)),
                     "sd_us": statistics.pstdev(q(v))}
              for name, v in (("round_trip_less_work", overhead), ("wake_in", wake_in), ("wake_out", wake_out))}
-    report["handoff"] = entry
+    report[f"handoff_{over}"] = entry
     for name, e in entry.items():
-        print(f"handoff {name:22s} median {e['median_us']:8.1f} us  p90 {e['p90_us']:8.1f}  max {e['max_us']:8.1f}"
+        print(f"handoff {over} {name:22s} median {e['median_us']:8.1f} us  p90 {e['p90_us']:8.1f}  max {e['max_us']:8.1f}"
               f"  sd {e['sd_us']:.1f}", flush=True)
 
 
@@ -157,6 +179,7 @@ def main() -> int:
     measure("python", py_block, args.blocks, report)
 
     handoff(where, args.blocks, report)
+    handoff(where, args.blocks, report, over="bell")
     import torch
 
     if not torch.cuda.is_available():

@@ -98,6 +98,93 @@ def receive(fd: int, deadline: float | None = None, spin_s: float = 0.0) -> dict
     return message
 
 
+def sealed_memfd(name: str, nbytes: int) -> int:
+    """A memfd of ``nbytes`` whose size nobody can change any more: the runner holds the fd too,
+    and a file shrunk under the judge's mapping would kill the judge with SIGBUS on its next
+    access (the memfd's seals refuse ftruncate; F_SEAL_SEAL keeps them)."""
+    fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes)
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    except (ImportError, AttributeError, OSError):
+        pass  # a kernel without seals: the mapping stays shrinkable (noted in docs/architecture.md)
+    return fd
+
+
+# ---------------------------------------------------------------------------------------- bell
+BELL_BYTES = 1 << 16  # a message each way; a larger answer goes over the pipe
+_BELL_HEADER = 64  # per direction: sequence number (8 bytes), length (4); the message after the header
+TO_RUNNER, TO_JUDGE = 0, 1
+
+
+def bell_supported() -> bool:
+    """x86-64 only: there a store is seen by another core in program order (TSO), so a message
+    written before its sequence number is complete when the number changes. Elsewhere (aarch64)
+    Python has no fence to order them: the pipe is used."""
+    return os.uname().machine in ("x86_64", "amd64", "AMD64")
+
+
+class Bell:
+    """A shared page for the timed command and its answer between two spinning processes: a
+    message is written, then its length, then the direction's sequence number; the other side
+    spins reading that number from memory. No system call on the way (a pipe hand-off cost
+    ~63 us in and ~73 us out on the H200 VM, inside the judge's window). The judge creates it (a
+    memfd) and hands the fd to the runner. What the runner writes there is as untrusted as what it
+    writes on the pipe: bounded, JSON, an object, read as a copy."""
+
+    SIZE = 2 * (_BELL_HEADER + BELL_BYTES)
+
+    def __init__(self, fd: int | None = None) -> None:
+        if fd is None:
+            fd = sealed_memfd("pkb-bell", self.SIZE)
+        self.fd = fd
+        self._map = mmap.mmap(fd, self.SIZE)
+
+    def seq(self, direction: int) -> int:
+        return int(struct.unpack_from("<Q", self._map, direction * (_BELL_HEADER + BELL_BYTES))[0])
+
+    def post(self, direction: int, message: dict[str, Any]) -> bool:
+        """Ring with ``message``; False (nothing written) when it does not fit."""
+        data = json.dumps(message, separators=(",", ":")).encode()
+        if len(data) > BELL_BYTES:
+            return False
+        base = direction * (_BELL_HEADER + BELL_BYTES)
+        self._map[base + _BELL_HEADER: base + _BELL_HEADER + len(data)] = data
+        struct.pack_into("<I", self._map, base + 8, len(data))
+        struct.pack_into("<Q", self._map, base, (self.seq(direction) + 1) % 2**64)
+        return True
+
+    def take(self, direction: int, last: int) -> dict[str, Any] | None:
+        """The message rung since sequence number ``last``, or None; ChannelError when it is not a
+        bounded JSON object."""
+        base = direction * (_BELL_HEADER + BELL_BYTES)
+        if self.seq(direction) == last:
+            return None
+        (length,) = struct.unpack_from("<I", self._map, base + 8)
+        if length > BELL_BYTES:
+            raise ChannelError(f"a message of {length} bytes on the bell (the limit is {BELL_BYTES})")
+        data = bytes(self._map[base + _BELL_HEADER: base + _BELL_HEADER + length])
+        try:
+            message = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ChannelError(f"a message on the bell that is not JSON: {exc}") from exc
+        if not isinstance(message, dict):
+            raise ChannelError("a message on the bell that is not a JSON object")
+        return message
+
+    def close(self) -> None:
+        try:
+            self._map.close()
+        except (BufferError, ValueError):
+            pass
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
 # ---------------------------------------------------------------------------------------- arena
 class Arena:
     """Judge side: shared memory the runner maps. Grows by replacement (the runner is told)."""
@@ -110,8 +197,7 @@ class Arena:
         if device.type == "cuda":
             self.tensor = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
         else:
-            self._fd = os.memfd_create("pkb-arena", 0)
-            os.ftruncate(self._fd, self.nbytes)
+            self._fd = sealed_memfd("pkb-arena", self.nbytes)
             self._map = mmap.mmap(self._fd, self.nbytes)
             self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
 

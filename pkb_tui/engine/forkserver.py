@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 # In this order; arena only when there is one, userns/netns only for a candidate in a namespace of its group's.
-REQUEST_FDS = ("to_runner", "from_runner", "log", "arena", "userns", "netns")
+REQUEST_FDS = ("to_runner", "from_runner", "log", "arena", "bell", "userns", "netns")
 _MAX_REQUEST_BYTES = 1 << 20
 
 
@@ -232,7 +232,7 @@ def _become_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str]
         os.dup2(fds["log"], 1)
         os.dup2(fds["log"], 2)
         netns = [fds[k] for k in ("userns", "netns") if k in fds]
-        keep = {0, 1, 2, fds["to_runner"], fds["from_runner"], pid_w, *netns} | ({fds["arena"]} if "arena" in fds else set())
+        keep = {0, 1, 2, fds["to_runner"], fds["from_runner"], pid_w, *netns} | {fds[k] for k in ("arena", "bell") if k in fds}
         _close_all_but(keep)
         os.write(pid_w, str(os.getpid()).encode())
         os.close(pid_w)
@@ -245,6 +245,8 @@ def _become_runner(sock: socket.socket, fds: dict[str, int], env: dict[str, str]
         os.environ["PKB_RUNNER_FDS"] = f"{fds['to_runner']},{fds['from_runner']}"
         if "arena" in fds:
             os.environ["PKB_ARENA_FD"] = str(fds["arena"])
+        if "bell" in fds:
+            os.environ["PKB_BELL_FD"] = str(fds["bell"])
         if netns:
             os.environ["PKB_NETNS_FDS"] = ",".join(str(fd) for fd in netns)
         os.chdir(cwd)

@@ -163,6 +163,8 @@ class RunnerProcess:
         self.from_runner, from_runner_w = os.pipe()
         self.arena = channel.Arena(judge.device, 1 << 20 if judge.device.type == "cuda" else 64 * 2**20)
         self.arena_size_sent = 0
+        # The timed "run" and its answer go over a shared page where both sides spin (GPU boxes).
+        self.bell = channel.Bell() if spins(judge.device) and channel.bell_supported() else None
         # A folder of its own per item (nothing one candidate leaves there reaches the next), and
         # JIT caches of its own model's (nothing one model builds is loaded by another).
         item = judge.item
@@ -183,6 +185,7 @@ class RunnerProcess:
             self.proc: subprocess.Popen[bytes] | forkserver.RunnerHandle = judge.start_runner_process(
                 {"to_runner": to_runner_r, "from_runner": from_runner_w, "log": self.output.write_fd,
                  **({"arena": self.arena.fd} if self.arena.fd is not None else {}),
+                 **({"bell": self.bell.fd} if self.bell is not None else {}),
                  **({"userns": netns.user_fd} if netns is not None and netns.user_fd is not None else {}),
                  **({"netns": netns.net_fd} if netns is not None else {})}, env, str(scratch))
             judge.runners.add(self)
@@ -211,19 +214,34 @@ class RunnerProcess:
     def request(self, message: dict[str, Any], deadline: float, abort: Any = None, spin_s: float = 0.0
                 ) -> dict[str, Any]:
         """Send one command and wait for its answer; CandidateFailure when there is none.
-        ``spin_s``: poll without sleeping that long first (timed blocks on a GPU box)."""
+        ``spin_s``: poll without sleeping that long first (timed blocks on a GPU box); then the
+        command goes over the bell where there is one (the runner, after "prepare", spins on it)
+        and the answer may come back on either."""
         self.resume()
+        bell = self.bell if spin_s > 0 else None
         try:
-            channel.send(self.to_runner, message)
-            if spin_s > 0:
+            last = bell.seq(channel.TO_JUDGE) if bell is not None else 0
+            if bell is None or not bell.post(channel.TO_RUNNER, message):
+                bell = None
+                channel.send(self.to_runner, message)
+            if bell is not None:
+                answer = _spin_for_answer(bell, last, self.from_runner, spin_s)
+                if answer is not None:
+                    return answer
+            elif spin_s > 0:
                 channel.spin_until_readable(self.from_runner, spin_s)
             while True:
                 left = deadline - _monotonic()
                 if left <= 0:
                     raise CandidateFailure("timeout", f"the {self.label} did not answer within its timeout on rank {self.judge.rank}")
-                ready, _, _ = select.select([self.from_runner], [], [], min(0.2, left))
+                # With a bell the answer can come there: look at it every 0.2 ms (a judge has its own core).
+                ready, _, _ = select.select([self.from_runner], [], [], min(0.0002 if bell is not None else 0.2, left))
                 if ready:
                     return channel.receive(self.from_runner, deadline)
+                if bell is not None:
+                    answer = bell.take(channel.TO_JUDGE, last)
+                    if answer is not None:
+                        return answer
                 code = self.proc.poll()
                 if code is not None:
                     raise CandidateFailure("error", self._exited(code))
@@ -309,6 +327,8 @@ class RunnerProcess:
             except OSError:
                 pass
         self.arena.close()
+        if self.bell is not None:
+            self.bell.close()
         self.output.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
         procs.remove_cuda_ipc_files(self.proc.pid)
@@ -1037,7 +1057,7 @@ class Rank:
             t0 = _perf_counter_ns()
             try:
                 reply = runner.request({"op": "run", "how": how, "check": check, "poison": poison}, deadline, abort,
-                                       spin_s=0.05 if timed and self.device.type == "cuda" else 0.0)
+                                       spin_s=0.05 if timed and spins(self.device) else 0.0)
                 t_back = _perf_counter_ns()
                 wall_us = (t_back - t0) / 1000.0
                 _expect_ok(reply, runner.label)
@@ -1791,6 +1811,9 @@ def start_runner_subprocess(fds: dict[str, int], env: dict[str, str], cwd: str) 
     if "arena" in fds:
         env["PKB_ARENA_FD"] = str(fds["arena"])
         passed.append(fds["arena"])
+    if "bell" in fds:
+        env["PKB_BELL_FD"] = str(fds["bell"])
+        passed.append(fds["bell"])
     if "netns" in fds:  # the candidate group's network namespace (and user namespace): joined first thing
         netns = [fds[k] for k in ("userns", "netns") if k in fds]
         env["PKB_NETNS_FDS"] = ",".join(str(fd) for fd in netns)
@@ -1845,6 +1868,28 @@ def _trial_seed(seed: int, task_id: str, trial: Any) -> int:
 
 def _nbytes(value: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_in(value))
+
+
+def spins(device: torch.device) -> bool:
+    """Whether judge and runner wait for a timed block's command and answer spinning (each on a
+    core of its own): on a GPU box; on CPU only with PKB_SPIN=1 (tests of the bell), since a
+    2-core box has no cores to spare."""
+    return device.type == "cuda" or os.environ.get("PKB_SPIN") == "1"
+
+
+def _spin_for_answer(bell: channel.Bell, last: int, pipe: int, spin_s: float) -> dict[str, Any] | None:
+    """Spin up to ``spin_s`` for an answer on the bell (or anything on the pipe: an answer too
+    large for the bell, or a closed pipe); None when there is none yet or the pipe has one."""
+    end = _perf_counter_ns() + int(spin_s * 1e9)
+    polls = 0
+    while True:
+        answer = bell.take(channel.TO_JUDGE, last)
+        if answer is not None:
+            return answer
+        polls += 1
+        if polls % 256 == 0:
+            if select.select([pipe], [], [], 0)[0] or _perf_counter_ns() > end:
+                return None
 
 
 def _round(value: float | None) -> float | None:
