@@ -77,3 +77,14 @@ def test_timed_runs_go_over_the_bell_where_the_harness_spins(cli, tmp_db: Path, 
     monkeypatch.delenv("PKB_SPIN")
     (run,) = cli(*args).json()["runs"]
     assert run["status"] == "failed", run
+
+
+def test_a_runner_cannot_seal_the_arena_against_the_judge_growing_it() -> None:
+    import fcntl
+
+    arena = channel.Arena(torch.device("cpu"), 4096)
+    with pytest.raises(OSError):
+        fcntl.fcntl(arena.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW)
+    bigger = arena.grown(1 << 20)
+    assert bigger.nbytes >= 1 << 20
+    bigger.close()

@@ -98,16 +98,18 @@ def receive(fd: int, deadline: float | None = None, spin_s: float = 0.0) -> dict
     return message
 
 
-def sealed_memfd(name: str, nbytes: int) -> int:
-    """A memfd of ``nbytes`` whose size nobody can change any more: the runner holds the fd too,
-    and a file shrunk under the judge's mapping would kill the judge with SIGBUS on its next
-    access (the memfd's seals refuse ftruncate; F_SEAL_SEAL keeps them)."""
+def sealed_memfd(name: str, nbytes: int, *, may_grow: bool = False) -> int:
+    """A memfd of ``nbytes`` that nobody can shrink: the runner holds the fd too, and a file shrunk
+    under the judge's mapping would kill the judge with SIGBUS on its next access. F_SEAL_SEAL:
+    no seal can be added later either (F_SEAL_GROW or F_SEAL_FUTURE_WRITE by the runner would make
+    the judge's growing of the CPU arena fail)."""
     fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, nbytes)
     try:
         import fcntl
 
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL | (0 if may_grow else fcntl.F_SEAL_GROW)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     except (ImportError, AttributeError, OSError):
         pass  # a kernel without seals: the mapping stays shrinkable (noted in docs/architecture.md)
     return fd
@@ -197,7 +199,7 @@ class Arena:
         if device.type == "cuda":
             self.tensor = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
         else:
-            self._fd = sealed_memfd("pkb-arena", self.nbytes)
+            self._fd = sealed_memfd("pkb-arena", self.nbytes, may_grow=True)  # grown in place (grown())
             self._map = mmap.mmap(self._fd, self.nbytes)
             self.tensor = torch.frombuffer(self._map, dtype=torch.uint8)
 
