@@ -93,6 +93,27 @@ def test_pass_and_fast_p_per_task_and_suite_on_known_counts() -> None:
     assert curve == {0.0: 6 / 8, 1.0: 4 / 8, 2.5: 1 / 8}
 
 
+
+def test_fast_p_counts_a_sample_by_its_interval_and_the_noise_floor_not_its_point() -> None:
+    # All correct, points 1.3x. Sample 0: interval [1.2, 1.4], no floor -> faster than 1.
+    # Sample 1: interval [0.97, 1.6] contains 1 -> not. Sample 2: [1.02, 1.5] but the host's floor is
+    # 3%: widened it reaches 0.99 -> not. Sample 3: no interval measured (an old row) -> its point.
+    # Sample 4: first round's interval contains 1, the second round's clears it -> faster.
+    rows = [
+        {"task_id": "T", "sample": 0, "round": 0, "correct": 1, "speedup": 1.3, "speedup_low": 1.2, "rounds": 8},
+        {"task_id": "T", "sample": 1, "round": 0, "correct": 1, "speedup": 1.3, "speedup_low": 0.97, "rounds": 8},
+        {"task_id": "T", "sample": 2, "round": 0, "correct": 1, "speedup": 1.3, "speedup_low": 1.02, "rounds": 8,
+         "noise_floor_fraction": 0.03},
+        {"task_id": "T", "sample": 3, "round": 0, "correct": 1, "speedup": 1.3},
+        {"task_id": "T", "sample": 4, "round": 0, "correct": 1, "speedup": 1.5, "speedup_low": 0.9, "rounds": 8},
+        {"task_id": "T", "sample": 4, "round": 1, "correct": 1, "speedup": 1.2, "speedup_low": 1.1, "rounds": 8},
+    ]
+    outcomes = outcomes_from_candidates(rows)
+    assert [o.fast(1.0) for o in outcomes] == [True, False, False, True, True]
+    assert task_metrics(outcomes, ks=(1,), ps=(1.0,))["T"].fast_at["1"][1] == pytest.approx(3 / 5)
+    assert dict(fast_p_curve(outcomes, [1.0]))[1.0] == pytest.approx(3 / 5)
+    assert outcomes[4].speedup == 1.5  # the best point is still reported as the sample's speedup
+
 # ---------------------------------------------------------------- prompts
 def test_the_prompt_is_built_from_the_task_module_and_the_hardware(tmp_path: Path) -> None:
     with Store(tmp_path / "runs.db") as store:

@@ -41,6 +41,28 @@ def test_pass_at_k_and_fast_p_per_problem_from_the_runs(tmp_path: Path) -> None:
     assert model.fast(1.0) == 1.0 and model.fast(1.5) == 0.5  # latest runs: 2.0x and 1.2x
 
 
+def test_fast_p_judges_a_timed_run_by_its_interval_widened_by_the_noise_floor(tmp_path: Path) -> None:
+    from pkb_tui.pkb.board import problem_scores
+
+    def timed(task: str, speedup: float, low: float, floor: float | None) -> None:
+        run_id = store.create_run({
+            "batch_id": "b", "task_id": task, "model": "m", "world_size": 1, "mode": "nccl", "dtype": "bfloat16",
+            "size": "small", "trials": 3, "timeout_s": 60.0, "request": {}, "status": "passed",
+        })
+        store.add_result(run_id, "candidate", {"correct": 1, "speedup": speedup, "speedup_low": low, "rounds": 8,
+                                               "noise_floor_fraction": floor})
+
+    with Store(tmp_path / "runs.db") as store:
+        timed("pkb/1_all_reduce", 1.6, 1.55, None)   # clears 1 and 1.5
+        timed("pkb/2_all_gather", 1.6, 0.98, None)   # point 1.6, interval reaches below 1: neither
+        timed("pkb/3_reduce_scatter", 1.04, 1.02, 0.03)  # clears 1 by its interval, not once widened by 3%
+        timed("pkb/4_all_to_all", 1.6, 1.52, 0.03)   # clears 1; 1.52 / 1.03 is below 1.5
+        (model,) = problem_scores(store.conn, prefix="pkb/")
+    assert [p.fast(1.0) for p in model.problems] == [True, False, False, True]
+    assert [p.fast(1.5) for p in model.problems] == [True, False, False, False]
+    assert model.fast(1.0) == 0.5 and model.fast(1.5) == 0.25
+
+
 def test_the_result_screen_names_both_verdicts_when_they_differ() -> None:
     from pkb_tui.app.screens.result import verdicts_note
 

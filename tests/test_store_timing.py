@@ -95,6 +95,15 @@ def test_the_leaderboard_counts_faster_only_when_the_lower_end_clears(tmp_path: 
     assert graph["geomean_speedup"] == pytest.approx((1.2 * 2.0) ** 0.5)
 
 
+def test_the_leaderboard_widens_the_interval_by_the_host_noise_floor(tmp_path: Path) -> None:
+    with Store(tmp_path / "runs.db") as store:
+        _timed_run(store, "t1", "m", eager=(1.04, 1.02, 1.06), graph=None, floor=0.03)  # within the host's noise
+        _timed_run(store, "t2", "m", eager=(1.04, 1.02, 1.06), graph=None, floor=None)  # no floor measured
+        _timed_run(store, "t3", "m", eager=(1.7, 1.52, 1.9), graph=None, floor=0.03)  # fast_1, not fast_1.5 once widened
+        board = store.leaderboard()[0]
+    assert (board["fast_1"], board["fast_1_5"]) == (2, 0)
+
+
 def test_reading_with_the_other_basis_swaps_every_headline_figure(tmp_path: Path) -> None:
     with Store(tmp_path / "runs.db") as store:
         run_id = _timed_run(store, "t1", "m", eager=(1.02, 0.99, 1.05), graph=(2.0, 1.9, 2.1), floor=0.03)

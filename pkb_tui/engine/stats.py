@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pkb_tui.store import faster
+
 Rounds = Sequence[Sequence[float]]
 
 # The location of one round's samples: "median" by default. "p25" (the first quartile) follows
@@ -209,15 +211,15 @@ def speedup_interval(
 def within_noise(estimate: SpeedupEstimate, noise_floor_fraction: float | None) -> bool:
     """True when this box's own noise could explain the speedup: the interval reaches into
     [1/(1+f), 1+f], f the host's self-check spread (calibrate's noise floor). Without a measured
-    floor (None) the test is whether the interval contains 1.0."""
-    f = max(0.0, noise_floor_fraction or 0.0)
-    return estimate.low <= 1.0 + f and estimate.high >= 1.0 / (1.0 + f)
+    floor (None) the test is whether the interval contains 1.0. (store.faster holds the rule.)"""
+    return bool(faster.within_noise(estimate.low, estimate.high, noise_floor_fraction))
 
 
-def clears(estimate: SpeedupEstimate | None, threshold: float) -> bool:
-    """Faster than ``threshold`` with confidence: the interval's lower end is above it (the
-    leaderboard's fast_1 / fast_1.5 rule)."""
-    return estimate is not None and estimate.low > threshold
+def clears(estimate: SpeedupEstimate | None, threshold: float, noise_floor_fraction: float | None = None) -> bool:
+    """Faster than ``threshold`` with confidence: the interval's lower end, widened by the host's
+    noise floor, is above it (the leaderboard's fast_1 / fast_1.5 rule, store.faster)."""
+    return estimate is not None and faster.counts_as_faster(estimate.point, estimate.low, threshold, has_interval=True,
+                                                            noise_floor=noise_floor_fraction)
 
 
 @dataclass

@@ -1,10 +1,13 @@
 """pass@k and fast_p@k with the unbiased estimator (Chen et al. 2021, "Evaluating Large Language
 Models Trained on Code"): with n samples of which c pass, the chance that at least one of k drawn
 without replacement passes is 1 - C(n-c, k) / C(n, k). fast_p@k counts as passing a sample that is
-correct and more than p times faster than the baseline (ParallelKernelBench's fast_p).
+correct and more than p times faster than the baseline (ParallelKernelBench's fast_p), by the
+project's one rule (store.faster.counts_as_faster): the interval, widened by the host's noise
+floor, clears p, not the point alone.
 
 A sample's outcome is that of its whole refine chain: correct when any round was correct, its
-speedup the best correct round's (`up_to_round` cuts the chain, for "pass@k after r rounds").
+speedup the best correct round's, and it is faster than p when any correct round's is
+(`up_to_round` cuts the chain, for "pass@k after r rounds").
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from pkb_tui.store.faster import counts_as_faster
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:
@@ -30,6 +35,13 @@ class SampleOutcome:
     sample: int
     correct: bool
     speedup: float | None  # the best correct round's; None when never correct or not timed
+    # each correct round's (speedup, interval's lower end, has an interval, host noise floor)
+    timings: list[tuple[float | None, float | None, bool, float | None]] = field(default_factory=list)
+
+    def fast(self, p: float) -> bool:
+        """Correct and faster than p in some round, by the interval (counts_as_faster)."""
+        return self.correct and any(counts_as_faster(speedup, low, p, has_interval=has, noise_floor=floor)
+                                    for speedup, low, has, floor in self.timings)
 
 
 @dataclass
@@ -43,7 +55,8 @@ class TaskMetrics:
 
 
 def outcomes_from_candidates(candidates: Iterable[dict[str, Any]], *, up_to_round: int | None = None) -> list[SampleOutcome]:
-    """Fold candidate rows (task_id, sample, round, correct, speedup) into one outcome per sample."""
+    """Fold candidate rows (task_id, sample, round, correct, speedup and, where measured, speedup_low,
+    rounds, noise_floor_fraction) into one outcome per sample."""
     chains: dict[tuple[str, int], SampleOutcome] = {}
     for row in candidates:
         if up_to_round is not None and row["round"] > up_to_round:
@@ -52,7 +65,9 @@ def outcomes_from_candidates(candidates: Iterable[dict[str, Any]], *, up_to_roun
         outcome = chains.setdefault(key, SampleOutcome(row["task_id"], row["sample"], False, None))
         if row.get("correct"):
             outcome.correct = True
-            speedup = row.get("speedup")
+            speedup, low = row.get("speedup"), row.get("speedup_low")
+            outcome.timings.append((speedup, low, row.get("rounds") is not None or low is not None,
+                                    row.get("noise_floor_fraction")))
             if speedup is not None and (outcome.speedup is None or speedup > outcome.speedup):
                 outcome.speedup = speedup
     return list(chains.values())
@@ -71,7 +86,7 @@ def task_metrics(outcomes: list[SampleOutcome], ks: Iterable[int], ps: Iterable[
         metrics = TaskMetrics(task_id, n, c, max(speedups) if speedups else None)
         metrics.pass_at = {k: pass_at_k(n, c, k) for k in ks}
         for p in ps:
-            fast = sum(1 for s in samples if s.correct and s.speedup is not None and s.speedup > p)
+            fast = sum(1 for s in samples if s.fast(p))
             metrics.fast_at[f"{p:g}"] = {k: pass_at_k(n, fast, k) for k in ks}
         out[task_id] = metrics
     return out
@@ -92,4 +107,4 @@ def fast_p_curve(outcomes: list[SampleOutcome], ps: Iterable[float]) -> list[tup
     total = len(outcomes)
     if not total:
         return []
-    return [(p, sum(1 for o in outcomes if o.correct and o.speedup is not None and o.speedup > p) / total) for p in ps]
+    return [(p, sum(1 for o in outcomes if o.fast(p)) / total) for p in ps]

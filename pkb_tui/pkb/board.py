@@ -4,7 +4,10 @@
   estimator 1 - C(n-c, k) / C(n, k) (the chance that at least one of k runs drawn is correct);
   a model's pass@k is the mean over the problems with n >= k.
 - fast_p: over the latest finished run of each (model, problem), the share of problems whose
-  candidate is correct and faster than the baseline by more than p (fast_1: faster at all).
+  candidate is correct and faster than the baseline by more than p (fast_1: faster at all), by the
+  project's one rule (store.faster.counts_as_faster): the speedup's interval, widened by the host's
+  noise floor, clears p. PKB's paper counts the point ratio; a ratio the timing noise could explain
+  is not counted here.
 
 Kept apart from Store.leaderboard (another issue reworks it): it reads the same tables and writes nothing.
 """
@@ -16,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pkb_tui.generate.metrics import pass_at_k
+from pkb_tui.store.faster import counts_as_faster
 
 FINISHED = ("passed", "failed", "error", "timeout")
 
@@ -28,12 +32,17 @@ class ProblemScore:
     correct_runs: int
     latest_correct: bool
     latest_speedup: float | None
+    latest_low: float | None = None  # the latest run's interval's lower end (None: no interval measured)
+    latest_has_interval: bool = False
+    latest_noise_floor: float | None = None
 
     def pass_at(self, k: int) -> float | None:
         return pass_at_k(self.runs, self.correct_runs, k)  # the generation loop's estimator (generate/metrics.py)
 
     def fast(self, p: float) -> bool:
-        return self.latest_correct and self.latest_speedup is not None and self.latest_speedup > p
+        return self.latest_correct and counts_as_faster(self.latest_speedup, self.latest_low, p,
+                                                        has_interval=self.latest_has_interval,
+                                                        noise_floor=self.latest_noise_floor)
 
 
 @dataclass
@@ -53,12 +62,13 @@ def problem_scores(conn: sqlite3.Connection, *, prefix: str | None = None) -> li
     """Scores per model, each with its problems (task ids starting with ``prefix`` when given)."""
     marks = ",".join("?" for _ in FINISHED)
     rows = conn.execute(
-        f"SELECT r.id, r.model, r.task_id, c.correct, c.speedup FROM runs r "
+        f"SELECT r.id, r.model, r.task_id, c.correct, c.speedup, c.speedup_low, c.rounds, c.noise_floor_fraction "
+        f"FROM runs r "
         f"LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate' "
         f"WHERE r.status IN ({marks}) ORDER BY r.id", FINISHED,
     ).fetchall()
     by_pair: dict[tuple[str, str], ProblemScore] = {}
-    for _, model, task_id, correct, speedup in rows:
+    for _, model, task_id, correct, speedup, low, rounds, floor in rows:
         if prefix and not task_id.startswith(prefix):
             continue
         score = by_pair.get((model, task_id))
@@ -67,6 +77,7 @@ def problem_scores(conn: sqlite3.Connection, *, prefix: str | None = None) -> li
         score.runs += 1
         score.correct_runs += bool(correct)
         score.latest_correct, score.latest_speedup = bool(correct), speedup  # rows come in id order
+        score.latest_low, score.latest_has_interval, score.latest_noise_floor = low, rounds is not None or low is not None, floor
     models: dict[str, ModelScore] = {}
     for (model, _), score in sorted(by_pair.items()):
         models.setdefault(model, ModelScore(model)).problems.append(score)

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pkb_tui.errors import EXIT_HARNESS, PkbError
+from pkb_tui.store.faster import counts_as_faster
+from pkb_tui.store.faster import within_noise as _within_noise
 from pkb_tui.store.generate import GenerateStore
 from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION, host_pair
 from pkb_tui.store.statuses import FINISHED_STATUSES, UNFINISHED_STATUSES, sql_list
@@ -299,22 +301,6 @@ def result_with_basis(result: dict[str, Any] | None, basis: str | None) -> dict[
     bus = result.get("bus_bandwidth_gbps")
     out["bus_bandwidth_gbps"] = bus * old_median / median if (bus is not None and old_median and median) else None
     return out
-
-
-def _within_noise(low: float | None, high: float | None, floor: float | None) -> int | None:
-    """stats.within_noise on stored columns (the store does not import the engine)."""
-    if low is None or high is None:
-        return None
-    f = max(0.0, floor or 0.0)
-    return int(low <= 1.0 + f and high >= 1.0 / (1.0 + f))
-
-
-def counts_as_faster(speedup: float | None, speedup_low: float | None, threshold: float, *, has_interval: bool) -> bool:
-    """The leaderboard's rule: faster than ``threshold`` only when the interval's lower end clears
-    it. A row from before intervals were measured (has_interval False) is judged by its point."""
-    if has_interval:
-        return speedup_low is not None and speedup_low > threshold
-    return speedup is not None and speedup > threshold
 
 
 def _run_row_with_basis(row: dict[str, Any], basis: str | None) -> dict[str, Any]:
@@ -747,9 +733,10 @@ class Store(GenerateStore):
     def leaderboard(self, *, task_ids: Iterable[str] | None = None, basis: str = "eager") -> list[dict[str, Any]]:
         """Per model over the latest finished run (FINISHED_STATUSES) of each task: correct, fast_1, fast_1.5, geomean speedup.
 
-        fast_p counts tasks whose candidate is correct and whose speedup's confidence interval lies
-        above p (its lower end > p): a ratio above p that the timing noise could explain is not
-        counted (ParallelKernelBench's fast_p counts the point). Runs from before intervals were
+        fast_p counts tasks whose candidate is correct and whose speedup's confidence interval,
+        widened by the host's noise floor, lies above p (store.faster.counts_as_faster): a ratio
+        above p that the timing noise could explain is not counted (ParallelKernelBench's fast_p
+        counts the point). Runs from before intervals were
         measured are judged by their point. The geometric mean runs over correct tasks with a
         speedup. ``basis``: which timing method's speedup (eager or graph).
         """
@@ -780,8 +767,11 @@ class Store(GenerateStore):
                 has_interval = row["rounds"] is not None or row["speedup_low"] is not None
                 if speedup is not None and speedup > 0:
                     entry["_logs"].append(math.log(speedup))
-                entry["fast_1"] += counts_as_faster(speedup, result["speedup_low"], 1.0, has_interval=has_interval)
-                entry["fast_1_5"] += counts_as_faster(speedup, result["speedup_low"], 1.5, has_interval=has_interval)
+                floor = row["noise_floor_fraction"]
+                entry["fast_1"] += counts_as_faster(speedup, result["speedup_low"], 1.0, has_interval=has_interval,
+                                                    noise_floor=floor)
+                entry["fast_1_5"] += counts_as_faster(speedup, result["speedup_low"], 1.5, has_interval=has_interval,
+                                                      noise_floor=floor)
         out = []
         for entry in board.values():
             logs = entry.pop("_logs")

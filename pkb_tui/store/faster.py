@@ -1,0 +1,34 @@
+"""When a speedup counts as "faster": one rule for every score the project prints (the leaderboard,
+PKB's per-problem fast_p, the generation loop's fast_p@k). Pure; the store and the generation
+metrics import it, the engine's stats module holds the same arithmetic for live figures.
+
+A measured speedup has an interval over its interleaved rounds, and the host has a noise floor
+f (calibrate: how far the baseline timed against itself reads from 1.0, 0.03 = +-3%). The rounds'
+interval does not hold everything that differs between two processes running the same code (the
+allocator's addresses, which SMs and memory channels the copies land on): on the H200 VM a
+baseline against itself in two runner processes read up to 2.7% apart with round-to-round spread
+under 1%. So a candidate counts as faster than p only when its interval, widened by the floor,
+clears p: low / (1 + f) > p. Rows from before intervals were measured are judged by their point.
+"""
+
+from __future__ import annotations
+
+
+def within_noise(low: float | None, high: float | None, floor: float | None) -> int | None:
+    """1 when the host's noise could explain the speedup: the interval reaches into [1/(1+f), 1+f];
+    without a measured floor, whether it contains 1.0. None without an interval."""
+    if low is None or high is None:
+        return None
+    f = max(0.0, floor or 0.0)
+    return int(low <= 1.0 + f and high >= 1.0 / (1.0 + f))
+
+
+def counts_as_faster(speedup: float | None, speedup_low: float | None, threshold: float, *, has_interval: bool,
+                     noise_floor: float | None = None) -> bool:
+    """Faster than ``threshold`` with confidence: the interval's lower end, widened by the host's
+    noise floor, is above it. A row without an interval (has_interval False: measured before
+    intervals were) is judged by its point."""
+    if has_interval:
+        f = max(0.0, noise_floor or 0.0)
+        return speedup_low is not None and speedup_low / (1.0 + f) > threshold
+    return speedup is not None and speedup > threshold
