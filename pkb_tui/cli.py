@@ -213,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "per node (gloo over TCP in cpu mode, NCCL on GPU 0 of each node in nccl mode)")
     network.add_argument("--mode", choices=["auto", *NETWORK_MODES], default="auto",
                          help="--network: nccl where the node has a GPU, else cpu (default auto)")
-    network.add_argument("--timeout", type=float, default=600.0, help="--network: wall seconds for the measurement")
+    network.add_argument("--timeout", type=float, default=None,
+                         help="--network: wall seconds for the measurement (default 600)")
     _node_options(network)
 
     from pkb_tui.generate.cli import add_parsers as add_generate_parsers
@@ -1112,6 +1113,9 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
     if args.nnodes != 1 or args.slurm or args.node_rank or args.rdzv_endpoint:
         raise PkbError("The node options (--nnodes, --node-rank, --rdzv-endpoint, --slurm) of `calibrate` are for "
                        "--network; this host's own figures are measured on one node.")
+    if args.timeout is not None:
+        raise PkbError("--timeout bounds the --network measurement; this host's own figures have their own time "
+                       "limits. Leave --timeout out, or add --network.")
     return calibrate_command(str(db or default_db_path()), args.json, args.quick, out=out, noise=not args.no_noise,
                              noise_only=args.noise_only)
 
@@ -1128,7 +1132,8 @@ def _calibrate_network(args: argparse.Namespace, db: Path | None, out: TextIO) -
         raise PkbError("--noise-only measures this host's noise floor; leave it out with --network.")
     if not args.slurm and args.nnodes < 2:
         raise PkbError(NETWORK_NEEDS_NODES)
-    if args.timeout <= 0:
+    timeout_s = 600.0 if args.timeout is None else args.timeout
+    if timeout_s <= 0:
         raise PkbError(f"--timeout must be positive (got {args.timeout}).")
     cluster = _cluster(args)
     if cluster is None:
@@ -1137,7 +1142,7 @@ def _calibrate_network(args: argparse.Namespace, db: Path | None, out: TextIO) -
         raise PkbError(NETWORK_NEEDS_NODES)
     mode = choose_mode(1, None if args.mode == "auto" else args.mode)
     spec = {"mode": mode, "sizes": list(netcal.sizes_for(mode, args.quick)), "repeats": netcal.REPEATS,
-            "timeout_s": args.timeout}
+            "timeout_s": timeout_s}
     launcher = Launcher(db, runs_dir=args.runs_dir, cluster=cluster)
     with Store(launcher.db_path):  # a bad --db fails here, before any node is asked to start
         pass

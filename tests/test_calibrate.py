@@ -179,3 +179,13 @@ def test_one_gpu_skips_the_pairs_and_the_sweep_with_reasons(monkeypatch, tmp_pat
     table = cal.format_table({"gpu_count": 1, "gpu_model": "NVIDIA H200"}, rows, cal.datasheet_for({"gpu_model": "NVIDIA H200", "gpu_count": 1}))
     assert "skipped" in table and "4310.0" in table and "4800.0" in table and "90%" in table
     assert "datasheet for device_copy: datasheet: NVIDIA H200" in table
+
+
+def test_calibrate_refuses_a_timeout_that_only_the_network_measurement_reads(cli, tmp_path):
+    db = tmp_path / "runs.db"
+    result = cli("--db", str(db), "calibrate", "--noise-only", "--timeout", "5")
+    assert result.code == 2
+    assert "--timeout bounds the --network measurement" in result.err + result.out
+    assert not db.exists()  # refused before anything was measured or written
+    bad = cli("--db", str(db), "calibrate", "--network", "--nnodes", "2", "--timeout", "0")
+    assert bad.code == 2 and "--timeout must be positive" in bad.err + bad.out
