@@ -168,3 +168,32 @@ def test_the_result_and_history_screens_show_intervals_noise_and_the_basis(tmp_p
             assert "(latest run per task, graph)" in screen_text(app)
 
     asyncio.run(main())
+
+
+def test_the_noise_floor_is_kept_per_timing_method_and_a_run_is_judged_by_its_own():
+    from pkb_tui.engine import stats
+
+    def run(run_id, task, status, **candidate):
+        return {"id": run_id, "task_id": task, "status": status, "host_id": 1, "results": {"candidate": candidate}}
+
+    runs = [
+        run(1, "all_reduce", "passed", speedup=1.10, speedup_eager=1.10, speedup_eager_low=1.0, speedup_eager_high=1.2,
+            speedup_graph=1.01, speedup_graph_low=1.0, speedup_graph_high=1.02, rounds=8),
+        run(2, "broadcast", "passed", speedup=0.8, speedup_eager=0.8, speedup_eager_low=0.7, speedup_eager_high=0.9,
+            rounds=8),  # not capturable: no graph figure
+        run(3, "gather", "timeout"),
+    ]
+    per_task, floors = cal.noise_floors_from_runs(runs)
+    assert floors["eager"] == pytest.approx(0.25)  # 0.8x reads as 1/0.8 - 1
+    assert floors["graph"] == pytest.approx(0.01)
+    assert per_task["all_reduce"]["graph_speedup"] == 1.01 and "graph_speedup" not in per_task["broadcast"]
+    assert per_task["gather"] == {"run_id": 3, "status": "timeout"}
+    row = {"noise_floor_fraction": floors["eager"], "detail": {"graph_noise_floor_fraction": floors["graph"]}}
+    assert stats.noise_floor_for(row, "eager") == pytest.approx(0.25)
+    assert stats.noise_floor_for(row, "graph") == pytest.approx(0.01)
+    # a row from before the graph floor was kept: the graph basis takes the eager floor
+    assert stats.noise_floor_for({"noise_floor_fraction": 0.2, "detail": {}}, "graph") == 0.2
+    assert stats.noise_floor_for(None, "graph") is None
+    assert cal._figure_text({**row, "kind": "noise_floor"}) == "+-25.0% (graph +-1.0%)"
+    # nothing passed: no floor
+    assert cal.noise_floors_from_runs([runs[2]])[1] == {"eager": None, "graph": None}

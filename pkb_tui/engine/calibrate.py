@@ -14,7 +14,9 @@ Kinds written to the calibrations table (bandwidth in GB/s = 1e9 bytes/s, one di
 - link_latency (latency_us): the per-message latency alpha of the roofline, from the sweep's
   smallest message (see link_latency_from_sweep).
 - noise_floor (noise_floor_fraction, per mode): the baseline timed against itself through the
-  normal launcher (``--model baseline``) on a few tasks; how far the self-checks stray from 1.0x.
+  normal launcher (``--model baseline``) on a few tasks; how far the self-checks stray from 1.0x,
+  for each timing method: the eager floor in the column, the graph floor in detail (the H200 VM's
+  eager self-checks stray several times as far as its graph ones; stats.noise_floor_for picks).
 - network_busbw (host_a <-> host_b): the network between two hosts, one rank a side, written by
   `pkb-tui calibrate --network` (engine.netcal), read by Store.network_pairs.
 roofline.bandwidths_for reads them back through Store.latest_calibration / latest_link_latency;
@@ -386,7 +388,6 @@ def measure_noise_floor(
     The floor is the largest distance of any self-check's speedup from 1.0 (stats.noise_floor_from_selfchecks):
     a candidate whose interval reaches into [1/(1+f), 1+f] could be this box's noise.
     """
-    from pkb_tui.engine import stats
     from pkb_tui.engine.launcher import Launcher
     from pkb_tui.engine.request import RunRequest
     from pkb_tui.store.store import Store
@@ -397,29 +398,48 @@ def measure_noise_floor(
     request = RunRequest(tasks=list(tasks), models=["baseline"], world_size=world_size, mode=mode, size=size,
                          trials=1, profile=False, timeout_s=600.0)
     outcome = Launcher(db_path).run(request)
-    per_task: dict[str, Any] = {}
-    estimates = []
-    host_id = None
     with Store(db_path) as store:
-        for run_id in outcome.run_ids:
-            run = store.run(run_id)
-            host_id = host_id or run.get("host_id")
-            candidate = run["results"].get("candidate") or {}
-            point = candidate.get("speedup")
-            if run["status"] != "passed" or not point:
-                per_task[run["task_id"]] = {"run_id": run_id, "status": run["status"]}
-                continue
-            low, high = candidate.get("speedup_low") or point, candidate.get("speedup_high") or point
-            estimates.append(stats.SpeedupEstimate(point, low, high, "", candidate.get("rounds") or 0, 0.95))
-            per_task[run["task_id"]] = {"run_id": run_id, "speedup": point, "low": low, "high": high}
-    floor = stats.noise_floor_from_selfchecks(estimates)
-    if floor is None:
+        runs = [store.run(run_id) for run_id in outcome.run_ids]
+    per_task, floors = noise_floors_from_runs(runs)
+    if floors["eager"] is None:
         statuses = ", ".join(f"{task}: {v.get('status')}" for task, v in per_task.items())
         raise PkbError(f"The noise-floor self-check ran no task to the end ({statuses}); see `pkb-tui runs --model baseline`.")
-    return {"kind": "noise_floor", "noise_floor_fraction": floor, "mode": mode, "host_id": host_id,
+    host_id = next((run.get("host_id") for run in runs if run.get("host_id")), None)
+    return {"kind": "noise_floor", "noise_floor_fraction": floors["eager"], "mode": mode, "host_id": host_id,
             "measured_at": time.time(), "gpu_a": None, "gpu_b": None, "size_bytes": None, "bandwidth_gbps": None,
             "detail": {"world_size": world_size, "size": size, "tasks": per_task,
-                       "method": "baseline vs itself through the launcher; floor = max |speedup - 1| (as 1 - 1/x below 1)"}}
+                       "graph_noise_floor_fraction": floors["graph"],
+                       "method": "baseline vs itself through the launcher; floor = max |speedup - 1| (as 1 - 1/x below 1), "
+                                 "per timing method (eager in the column, graph in detail)"}}
+
+
+def noise_floors_from_runs(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float | None]]:
+    """The self-check runs (Store.run rows, the baseline as its own candidate) as per-task figures
+    and a floor per timing method: {"eager": f, "graph": f or None where no task was capturable}."""
+    from pkb_tui.engine import stats
+
+    per_task: dict[str, Any] = {}
+    estimates: dict[str, list[stats.SpeedupEstimate]] = {"eager": [], "graph": []}
+    for run in runs:
+        candidate = run["results"].get("candidate") or {}
+        if run["status"] != "passed":
+            per_task[run["task_id"]] = {"run_id": run["id"], "status": run["status"]}
+            continue
+        entry: dict[str, Any] = {"run_id": run["id"]}
+        for method in ("eager", "graph"):
+            # rows written before both figures were kept hold the eager figure in speedup only
+            point = candidate.get(f"speedup_{method}") or (candidate.get("speedup") if method == "eager" else None)
+            if not point:
+                continue
+            low = candidate.get(f"speedup_{method}_low") or point
+            high = candidate.get(f"speedup_{method}_high") or point
+            estimates[method].append(stats.SpeedupEstimate(point, low, high, "", candidate.get("rounds") or 0, 0.95))
+            prefix = "" if method == "eager" else "graph_"
+            entry.update({f"{prefix}speedup": point, f"{prefix}low": low, f"{prefix}high": high})
+        if "speedup" not in entry:
+            entry["status"] = run["status"]
+        per_task[run["task_id"]] = entry
+    return per_task, {method: stats.noise_floor_from_selfchecks(found) for method, found in estimates.items()}
 
 
 def _free_port() -> int:
@@ -526,7 +546,8 @@ def _figure_text(row: dict[str, Any]) -> str:
     if row.get("latency_us") is not None:
         return f"{row['latency_us']:.2f} us"
     if row.get("noise_floor_fraction") is not None:
-        return f"+-{row['noise_floor_fraction']:.1%}"
+        graph = (row.get("detail") or {}).get("graph_noise_floor_fraction")
+        return f"+-{row['noise_floor_fraction']:.1%}" + (f" (graph +-{graph:.1%})" if graph is not None else "")
     return f"{row['bandwidth_gbps']:.1f}"
 
 

@@ -1049,7 +1049,7 @@ class Launcher:
         try:
             return stats.timing_result_fields(
                 eager, graph, basis=basis, statistic=stats.round_statistic_for(self._mode),
-                noise_floor_fraction=(getattr(self, "_noise_floor", None) or {}).get("noise_floor_fraction"),
+                noise_floor_fraction=stats.noise_floor_for(getattr(self, "_noise_floor", None), basis),
             )
         except ValueError:
             return {}

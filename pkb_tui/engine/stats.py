@@ -264,6 +264,21 @@ def next_round_needed(
     return RoundDecision(True, "interval still wider than the target", rounds, estimate)
 
 
+def noise_floor_for(row: dict[str, Any] | None, basis: str) -> float | None:
+    """The host's noise floor for the timing method ``basis`` from a noise_floor calibration row
+    (Store.latest_noise_floor): the eager floor is the row's column, the graph floor its detail's.
+    A row from before the graph floor was kept, or a host where no self-check was capturable,
+    gives the graph basis the eager floor: the wider one on every box measured, so the
+    conservative pick. None without a row."""
+    if not row:
+        return None
+    eager = row.get("noise_floor_fraction")
+    if basis == "graph":
+        graph = (row.get("detail") or {}).get("graph_noise_floor_fraction")
+        return graph if graph is not None else eager
+    return eager
+
+
 def noise_floor_from_selfchecks(estimates: Sequence[SpeedupEstimate]) -> float | None:
     """A host's noise floor from baseline-vs-itself runs: the largest distance of any self-check's
     point from 1.0, as a fraction (0.03: self-checks read between 0.97x and 1.03x), or None."""
