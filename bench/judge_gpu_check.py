@@ -357,15 +357,29 @@ def part_selfcheck(out: Path, report: dict, size: str = "small", timeout_s: int 
     graphs = sum(1 for r in rows if r["graph"])
     contain = sum(1 for r in rows if r["low"] is not None and r["low"] <= 1.0 <= r["high"])
     point_within = sum(1 for r in rows if r["speedup"] and abs(r["speedup"] - 1) <= 0.03)
+    # The host's noise floor as `pkb-tui calibrate` would set it (the eight collectives' largest |x - 1|,
+    # in this basis), and how many of the other tasks' intervals reach into it: an out-of-sample test
+    # of the "within noise" verdict and of the widened interval the fast_p rule uses.
+    from pkb_tui.engine.calibrate import NOISE_TASKS
+
+    calibrating = [r for r in rows if r["task"] in NOISE_TASKS and r["speedup"]]
+    floor = max((max(r["speedup"], 1 / r["speedup"]) - 1 for r in calibrating), default=None)
+    others = [r for r in rows if r["task"] not in NOISE_TASKS and r["low"] is not None]
+    within_floor = (sum(1 for r in others if r["low"] <= 1 + floor and r["high"] >= 1 / (1 + floor))
+                    if floor is not None else None)
     for row in rows:
         print("  ", json.dumps(row))
+    if floor is not None:
+        print(f"  noise floor from the eight collectives: +-{floor:.2%}; the other tasks' intervals reaching into "
+              f"it: {within_floor}/{len(others)}")
     print(f"  self-check ({size}, speedup basis {os.environ.get('SELFCHECK_BASIS', 'graph')}): paired speedup within "
           f"3%: {point_within}/{len(rows)}; 95% intervals containing 1.0: {contain}/{len(rows)}; device-time medians "
           f"(graph, else eager) within 3%: {within_device}/{len(rows)}; eager medians: {within}/{len(rows)}; graph: "
           f"{within_graph}/{graphs}")
     report["selfcheck"] = {"rows": rows, "eager_within_3pct": within, "graph_within_3pct": within_graph,
                            "device_within_3pct": within_device,
-                           "intervals_contain_1": contain, "speedup_within_3pct": point_within, "tasks": len(rows)}
+                           "intervals_contain_1": contain, "speedup_within_3pct": point_within, "tasks": len(rows),
+                           "collectives_floor": floor, "others_within_floor": within_floor, "others": len(others)}
 
 
 def main() -> int:
