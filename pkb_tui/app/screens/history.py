@@ -225,7 +225,7 @@ class HistoryScreen(Screen):
         arrow = "↓" if self.descending else "↑"
         if self.query_one("#history-switcher", ContentSwitcher).current == "leaderboard":
             title = (f"Leaderboard (latest run per task, {self.pkb.config.speedup_basis}): "
-                     "fast_p = correct, 95% interval (widened by the noise floor) above p×")
+                     "fast_p: correct, low/(1+noise) > p×")
         else:
             title = f"Runs: {self.loaded:,} of {self.total:,} · sorted by {label} {arrow}"
             if self.marked:

@@ -20,7 +20,7 @@ def _pct(value: float | None) -> str:
 
 def board_text(board: list[dict[str, Any]]) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
-    text.append("Model endpoints (generate): pass@k over samples, fast_p = correct and the interval > p× the baseline\n", style="bold")
+    text.append("Model endpoints (generate): pass@k over samples, fast_p = correct, low/(1+noise) > p× the baseline\n", style="bold")
     text.append(f"{'endpoint':<22} {'tasks':>5} {'samples':>7} {'pass@1':>7} {'pass@k':>7} {'k':>3} {'fast_1@1':>8} "
                 f"{'fast_1.5@1':>10}  model\n", style="bold")
     for entry in board:
