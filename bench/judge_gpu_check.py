@@ -361,12 +361,14 @@ def part_selfcheck(out: Path, report: dict, size: str = "small", timeout_s: int 
     # in this basis), and how many of the other tasks' intervals reach into it: an out-of-sample test
     # of the "within noise" verdict and of the widened interval the fast_p rule uses.
     from pkb_tui.engine.calibrate import NOISE_TASKS
+    from pkb_tui.engine.stats import SpeedupEstimate, noise_floor_from_selfchecks
+    from pkb_tui.store.faster import within_noise
 
-    calibrating = [r for r in rows if r["task"] in NOISE_TASKS and r["speedup"]]
-    floor = max((max(r["speedup"], 1 / r["speedup"]) - 1 for r in calibrating), default=None)
+    floor = noise_floor_from_selfchecks([SpeedupEstimate(r["speedup"], r["low"] or r["speedup"], r["high"] or r["speedup"],
+                                                         "", 0, 0.95)
+                                         for r in rows if r["task"] in NOISE_TASKS and r["speedup"]])
     others = [r for r in rows if r["task"] not in NOISE_TASKS and r["low"] is not None]
-    within_floor = (sum(1 for r in others if r["low"] <= 1 + floor and r["high"] >= 1 / (1 + floor))
-                    if floor is not None else None)
+    within_floor = sum(within_noise(r["low"], r["high"], floor) or 0 for r in others) if floor is not None else None
     for row in rows:
         print("  ", json.dumps(row))
     if floor is not None:

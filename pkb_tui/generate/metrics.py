@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pkb_tui.store.faster import counts_as_faster
+from pkb_tui.store.faster import row_counts_as_faster
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:
@@ -35,13 +35,12 @@ class SampleOutcome:
     sample: int
     correct: bool
     speedup: float | None  # the best correct round's; None when never correct or not timed
-    # each correct round's (speedup, interval's lower end, has an interval, host noise floor)
-    timings: list[tuple[float | None, float | None, bool, float | None]] = field(default_factory=list)
+    # each correct round's speedup, speedup_low, rounds and noise_floor_fraction (as its results row)
+    timings: list[dict[str, Any]] = field(default_factory=list)
 
     def fast(self, p: float) -> bool:
         """Correct and faster than p in some round, by the interval (counts_as_faster)."""
-        return self.correct and any(counts_as_faster(speedup, low, p, has_interval=has, noise_floor=floor)
-                                    for speedup, low, has, floor in self.timings)
+        return self.correct and any(row_counts_as_faster(timing, p) for timing in self.timings)
 
 
 @dataclass
@@ -65,9 +64,8 @@ def outcomes_from_candidates(candidates: Iterable[dict[str, Any]], *, up_to_roun
         outcome = chains.setdefault(key, SampleOutcome(row["task_id"], row["sample"], False, None))
         if row.get("correct"):
             outcome.correct = True
-            speedup, low = row.get("speedup"), row.get("speedup_low")
-            outcome.timings.append((speedup, low, row.get("rounds") is not None or low is not None,
-                                    row.get("noise_floor_fraction")))
+            speedup = row.get("speedup")
+            outcome.timings.append({key: row.get(key) for key in ("speedup", "speedup_low", "rounds", "noise_floor_fraction")})
             if speedup is not None and (outcome.speedup is None or speedup > outcome.speedup):
                 outcome.speedup = speedup
     return list(chains.values())

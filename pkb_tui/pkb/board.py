@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pkb_tui.generate.metrics import pass_at_k
-from pkb_tui.store.faster import counts_as_faster
+from pkb_tui.store.faster import row_counts_as_faster
 
 FINISHED = ("passed", "failed", "error", "timeout")
 
@@ -32,17 +32,13 @@ class ProblemScore:
     correct_runs: int
     latest_correct: bool
     latest_speedup: float | None
-    latest_low: float | None = None  # the latest run's interval's lower end (None: no interval measured)
-    latest_has_interval: bool = False
-    latest_noise_floor: float | None = None
+    latest_timing: dict = field(default_factory=dict)  # the latest run's speedup, speedup_low, rounds, noise floor
 
     def pass_at(self, k: int) -> float | None:
         return pass_at_k(self.runs, self.correct_runs, k)  # the generation loop's estimator (generate/metrics.py)
 
     def fast(self, p: float) -> bool:
-        return self.latest_correct and counts_as_faster(self.latest_speedup, self.latest_low, p,
-                                                        has_interval=self.latest_has_interval,
-                                                        noise_floor=self.latest_noise_floor)
+        return self.latest_correct and row_counts_as_faster(self.latest_timing, p)
 
 
 @dataclass
@@ -77,7 +73,7 @@ def problem_scores(conn: sqlite3.Connection, *, prefix: str | None = None) -> li
         score.runs += 1
         score.correct_runs += bool(correct)
         score.latest_correct, score.latest_speedup = bool(correct), speedup  # rows come in id order
-        score.latest_low, score.latest_has_interval, score.latest_noise_floor = low, rounds is not None or low is not None, floor
+        score.latest_timing = {"speedup": speedup, "speedup_low": low, "rounds": rounds, "noise_floor_fraction": floor}
     models: dict[str, ModelScore] = {}
     for (model, _), score in sorted(by_pair.items()):
         models.setdefault(model, ModelScore(model)).problems.append(score)

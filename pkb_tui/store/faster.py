@@ -32,3 +32,12 @@ def counts_as_faster(speedup: float | None, speedup_low: float | None, threshold
         f = max(0.0, noise_floor or 0.0)
         return speedup_low is not None and speedup_low / (1.0 + f) > threshold
     return speedup is not None and speedup > threshold
+
+
+def row_counts_as_faster(row: dict, threshold: float) -> bool:
+    """counts_as_faster on a candidate's results row (speedup, speedup_low, rounds,
+    noise_floor_fraction): a row has an interval when it counted rounds or stored a lower end."""
+    low = row.get("speedup_low")
+    return counts_as_faster(row.get("speedup"), low, threshold,
+                            has_interval=row.get("rounds") is not None or low is not None,
+                            noise_floor=row.get("noise_floor_fraction"))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pkb_tui.errors import EXIT_HARNESS, PkbError
-from pkb_tui.store.faster import counts_as_faster
+from pkb_tui.store.faster import row_counts_as_faster
 from pkb_tui.store.faster import within_noise as _within_noise
 from pkb_tui.store.generate import GenerateStore
 from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION, host_pair
@@ -764,14 +764,10 @@ class Store(GenerateStore):
                 entry["correct"] += 1
                 result = result_with_basis(dict(row), basis) or {}
                 speedup = result["speedup"]
-                has_interval = row["rounds"] is not None or row["speedup_low"] is not None
                 if speedup is not None and speedup > 0:
                     entry["_logs"].append(math.log(speedup))
-                floor = row["noise_floor_fraction"]
-                entry["fast_1"] += counts_as_faster(speedup, result["speedup_low"], 1.0, has_interval=has_interval,
-                                                    noise_floor=floor)
-                entry["fast_1_5"] += counts_as_faster(speedup, result["speedup_low"], 1.5, has_interval=has_interval,
-                                                      noise_floor=floor)
+                entry["fast_1"] += row_counts_as_faster(result, 1.0)
+                entry["fast_1_5"] += row_counts_as_faster(result, 1.5)
         out = []
         for entry in board.values():
             logs = entry.pop("_logs")
