@@ -43,8 +43,10 @@ def test_the_pre_timing_file_migrates_and_old_rows_read_as_before(tmp_path: Path
         candidate = run["results"]["candidate"]
         assert candidate["speedup"] == 1.25 and candidate["median_us"] == 80.0
         assert candidate["timing_method"] == "eager" and candidate["speedup_low"] is None and candidate["rounds"] is None
-        # an old row has no graph figure: asked for graph, it says so with None, not the eager figure
-        assert store.run(1, basis="graph")["results"]["candidate"]["speedup"] is None
+        # an old row has no graph figure: asked for graph, it reads with the figure it has and says which
+        as_graph = store.run(1, basis="graph")["results"]["candidate"]
+        assert (as_graph["speedup"], as_graph["timing_method"]) == (1.25, "eager")
+        assert store.runs(basis="graph")[0]["speedup"] == 1.25
         assert store.runs()[0]["speedup"] == 1.25
         # with no interval measured, the old run is judged by its point
         assert store.leaderboard()[0]["fast_1"] == 1
@@ -90,9 +92,11 @@ def test_the_leaderboard_counts_faster_only_when_the_lower_end_clears(tmp_path: 
         eager = store.leaderboard()[0]
         graph = store.leaderboard(basis="graph")[0]
     assert (eager["fast_1"], eager["fast_1_5"], eager["correct"], eager["basis"]) == (2, 1, 3, "eager")
-    # graph: t1's interval contains 1, t2 clears 1.5, t3 has no graph figure (not capturable)
-    assert (graph["fast_1"], graph["fast_1_5"], graph["correct"]) == (1, 1, 3)
-    assert graph["geomean_speedup"] == pytest.approx((1.2 * 2.0) ** 0.5)
+    # graph: t1's interval contains 1, t2 clears 1.5, t3 has no graph figure (not capturable): read
+    # with its eager one, as its run was, whose interval contains 1; and counted as read so
+    assert (graph["fast_1"], graph["fast_1_5"], graph["correct"], graph["read_eager"]) == (1, 1, 3, 1)
+    assert graph["geomean_speedup"] == pytest.approx((1.2 * 2.0 * 1.1) ** (1 / 3))
+    assert eager["read_eager"] == 0
 
 
 def test_the_leaderboard_widens_the_interval_by_the_host_noise_floor(tmp_path: Path) -> None:
@@ -177,3 +181,18 @@ def test_a_file_from_before_network_pairs_migrates_and_keeps_its_host_figures_ap
         assert store.latest_calibration(1) == {"device_copy": 4300.0}, "a pair's figure is not the host's"
         with pytest.raises(PkbError, match="one host of a pair"):
             store.add_calibration(1, [{"kind": "network_busbw", "host_a": "box", "bandwidth_gbps": 1.0}])
+
+
+def test_a_run_that_could_not_be_captured_reads_as_its_launcher_chose_under_graph(tmp_path: Path) -> None:
+    """`run --speedup-basis graph` stores the eager figure where the call has no graph (launcher); the
+    same run read back with basis graph shows that figure, not nothing, in every view."""
+    with Store(tmp_path / "runs.db") as store:
+        run_id = _timed_run(store, "t1", "m", eager=(0.99, 0.94, 1.03), graph=None, basis="eager")
+        store.conn.execute("UPDATE runs SET request='{\"speedup_basis\": \"graph\"}' WHERE id=?", (run_id,))
+        run = store.run(run_id, basis="graph")["results"]
+        row = store.runs(basis="graph")[0]
+        by_speedup = store.runs(basis="graph", order_by="speedup")
+    assert (run["candidate"]["speedup"], run["candidate"]["speedup_low"]) == (0.99, 0.94)
+    assert run["candidate"]["timing_method"] == "eager" and run["baseline"]["median_us"] == 100.0
+    assert (row["speedup"], row["speedup_low"], row["timing_method"]) == (0.99, 0.94, "eager")
+    assert [r["id"] for r in by_speedup] == [run_id]

@@ -281,12 +281,25 @@ def _with_detail(row: sqlite3.Row | None) -> dict[str, Any] | None:
     return out
 
 
+def has_basis(result: dict[str, Any] | None, basis: str | None, prefix: str = "") -> bool:
+    """Whether a results row (``prefix``: a runs() row's baseline_/candidate_ columns) holds
+    ``basis``'s figure. A call that could not be captured has no graph figure: its run fell back to
+    eager when it was made (launcher), and every view of it does the same rather than show nothing."""
+    if result is None or basis is None:
+        return False
+    return (result.get("timing_method") or "eager") == basis or result.get(f"{prefix}{basis}_median_us") is not None
+
+
 def result_with_basis(result: dict[str, Any] | None, basis: str | None) -> dict[str, Any] | None:
     """A results row as read with ``basis``'s figures (eager or graph) in median_us, p10_us, p90_us,
     speedup, speedup_low/high and within_noise, the roofline fraction and bus bandwidth rescaled to
-    that median. None or the row's own timing_method: unchanged. Rows from before both figures were
-    stored (no eager_median_us) count as eager: that is what they measured."""
+    that median. None, the row's own timing_method or a basis the row has no figure for (graph of
+    a call that could not be captured): unchanged, and timing_method says which figure it is. Rows
+    from before both figures were stored (no eager_median_us) count as eager: that is what they
+    measured."""
     if result is None or basis is None or (result.get("timing_method") or "eager") == basis:
+        return result
+    if not has_basis(result, basis):
         return result
     out = dict(result)
     old_median = result.get("median_us")
@@ -307,6 +320,8 @@ def _run_row_with_basis(row: dict[str, Any], basis: str | None) -> dict[str, Any
     """A runs() row with ``basis``'s headline figures (see result_with_basis)."""
     if basis is None or (row.get("timing_method") or "eager") == basis:
         return row
+    if not (has_basis(row, basis, "candidate_") and (row.get("baseline_median_us") is None or has_basis(row, basis, "baseline_"))):
+        return row  # no figure of that method (not capturable): the run's own, as the launcher chose
     row["baseline_median_us"] = row.get(f"baseline_{basis}_median_us")
     row["candidate_median_us"] = row.get(f"candidate_{basis}_median_us")
     row["speedup"] = row.get(f"speedup_{basis}")
@@ -576,7 +591,7 @@ class Store(GenerateStore):
         (eager or graph; None: what each run picked) chooses the figures of speedup and the times."""
         check_basis(basis)
         pick = {"eager": "COALESCE({t}.{eager}, CASE WHEN COALESCE({t}.timing_method, 'eager') = 'eager' THEN {t}.{col} END)",
-                "graph": "{t}.{graph}"}.get(basis or "", "{t}.{col}")
+                "graph": "COALESCE({t}.{graph}, {t}.{col})"}.get(basis or "", "{t}.{col}")  # (has_basis)
         def picked(t: str, col: str, eager: str, graph: str) -> str:
             return pick.format(t=t, col=col, eager=eager, graph=graph)
         sortable = {
@@ -627,9 +642,11 @@ class Store(GenerateStore):
         for key in ("request", "notes"):
             if run.get(key):
                 run[key] = json.loads(run[key])
+        results = [dict(result) for result in self.conn.execute("SELECT * FROM results WHERE run_id=?", (run_id,))]
+        if not all(has_basis(result, basis) for result in results):
+            basis = None  # both variants read with one method: the run's own where either lacks basis's figure
         run["results"] = {}
-        for result in self.conn.execute("SELECT * FROM results WHERE run_id=?", (run_id,)):
-            result = dict(result)
+        for result in results:
             if result.get("traffic"):
                 result["traffic"] = json.loads(result["traffic"])
             if result.get("node_wire"):
@@ -738,7 +755,9 @@ class Store(GenerateStore):
         above p that the timing noise could explain is not counted (ParallelKernelBench's fast_p
         counts the point). Runs from before intervals were
         measured are judged by their point. The geometric mean runs over correct tasks with a
-        speedup. ``basis``: which timing method's speedup (eager or graph).
+        speedup. ``basis``: which timing method's speedup (eager or graph); a task without a graph
+        figure (not capturable) is read with its eager one under graph, as its run was, and counted
+        in ``read_eager`` so that the board can say how many.
         """
         check_basis(basis)
         sql = (
@@ -757,12 +776,13 @@ class Store(GenerateStore):
             if row["model"].startswith("gen:"):
                 continue  # generated candidates: ranked per endpoint (pkb_tui.generate.report), not per sample
             entry = board.setdefault(row["model"], {
-                "model": row["model"], "tasks": 0, "correct": 0, "fast_1": 0, "fast_1_5": 0, "_logs": [],
+                "model": row["model"], "tasks": 0, "correct": 0, "fast_1": 0, "fast_1_5": 0, "read_eager": 0, "_logs": [],
             })
             entry["tasks"] += 1
             if row["correct"]:
                 entry["correct"] += 1
                 result = result_with_basis(dict(row), basis) or {}
+                entry["read_eager"] += basis == "graph" and (result.get("timing_method") or "eager") == "eager"
                 speedup = result["speedup"]
                 if speedup is not None and speedup > 0:
                     entry["_logs"].append(math.log(speedup))

@@ -65,7 +65,9 @@ def leaderboard_rows(board: list[dict[str, Any]]) -> list[tuple[str, ...]]:
         geomean = entry["geomean_speedup"]
         rows.append((
             entry["model"], str(tasks), f"{entry['correct']}/{tasks}", f"{entry['fast_1']}/{tasks}",
-            f"{entry['fast_1_5']}/{tasks}", "n/a" if geomean is None else f"{geomean:.2f}×",
+            f"{entry['fast_1_5']}/{tasks}",
+            ("n/a" if geomean is None else f"{geomean:.2f}×")
+            + (f" ({entry['read_eager']} eager)" if entry.get("read_eager") else ""),  # graph basis, not capturable
         ))
     return rows
 
