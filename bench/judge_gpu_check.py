@@ -12,6 +12,8 @@ Parts (each one or two CLI launches; the figures come from the batches' own even
                median by its length within max(1 us, 3%). A clone-only candidate and the small
                all_reduce baseline against their profiled kernel time (within 2 us).
   selfcheck    every task's baseline against itself, nccl x1 default: how many medians within 3%.
+  batching     honest models (torch-p2p, handwritten-cuda) and adversarial/batch-calls, the eight
+               collectives, nccl x1 small and default: speedup in blocks against one call at a time.
   faults       GPU faults in candidates (tests/fixtures/gpu-faults) and an honest model after them;
                the GPU's memory and compute processes before and after; whether NVML attributes
                per-process GPU memory here (the GPU-memory limit depends on it; on a VM it may not),
@@ -37,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKS = ["patch-judge", "gc-scavenge", "seed-rebuild", "memo-address", "count-calls", "thread-after-window",
            "lying-subclass", "forge-events", "slow-baseline", "patch-clock", "cpu-burner", "forge-reply", "kill-judge",
-           "gpu-linger", "gpu-linger-long", "renice-baseline", "head-start"]
+           "gpu-linger", "gpu-linger-long", "renice-baseline", "head-start", "batch-calls"]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -119,6 +121,7 @@ def part_adversarial(out: Path, report: dict, configs: list[tuple[str, int]]) ->
             model = Path(slot.get("model", "?")).name
             run = runs.get(slot.get("model")) or runs.get(model) or {}
             table.append({"mode": mode, "world": world, "case": model, "verdict": run.get("status"),
+                          "detail": (run.get("status_detail") or "")[:70],
                           "speedup": run.get("speedup"), "baseline_eager_us": figure(events, item, "baseline", "eager"),
                           "baseline_alone_us": alone_base})
     print(f"  {'mode':10s} {'ws':>2s} {'case':20s} {'verdict':8s} {'speedup':>8s} {'base us':>9s} {'alone us':>9s}")
@@ -126,8 +129,42 @@ def part_adversarial(out: Path, report: dict, configs: list[tuple[str, int]]) ->
         sp = f"{row['speedup']:.2f}" if row["speedup"] else "-"
         b = f"{row['baseline_eager_us']:.1f}" if row["baseline_eager_us"] else "-"
         a = f"{row['baseline_alone_us']:.1f}" if row["baseline_alone_us"] else "-"
-        print(f"  {row['mode']:10s} {row['world']:>2d} {row['case']:20s} {str(row['verdict']):8s} {sp:>8s} {b:>9s} {a:>9s}")
+        print(f"  {row['mode']:10s} {row['world']:>2d} {row['case']:20s} {str(row['verdict']):8s} {sp:>8s} {b:>9s} {a:>9s}"
+              f"  {row['detail']}")
     report["adversarial"] = table
+
+
+def part_batching(out: Path, report: dict) -> None:
+    """The batching check (timing.batched) on the GPU: honest models' speedup in blocks against one
+    call at a time, for the spread an honest code shows (the limit must sit above it), and
+    adversarial/batch-calls (one all_reduce for a block), which must fail."""
+    models = ",".join(["torch-p2p", "handwritten-cuda", str(ROOT / "tests" / "fixtures" / "adversarial" / "batch-calls")])
+    rows = []
+    for size in os.environ.get("BATCHING_SIZES", "small,default").split(","):
+        doc, events = cli(out, f"batching_{size}", ["--task", "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,"
+                                                    "reduce,gather,scatter", "--model", models, "--world-size", "1",
+                                                    "--mode", "nccl", "--size", size, "--trials", "1", "--no-profile",
+                                                    "--timeout", "40"], timeout_s=560)
+        runs = {r["id"]: r for r in (doc or {}).get("runs", [])}
+        by_key = {(r["task"], Path(r["model"]).name): r for r in runs.values()}
+        for _, slot in sorted(events.items()):
+            b, c = (slot["timing"].get(v, {}).get("eager") or {} for v in ("baseline", "candidate"))
+            run = by_key.get((slot.get("task"), Path(slot.get("model", "?")).name)) or {}
+            row = {"size": size, "task": slot.get("task"), "model": Path(slot.get("model", "?")).name,
+                   "status": run.get("status"), "speedup": run.get("speedup"),
+                   "blocks": round(b["median_us"] / c["median_us"], 3) if b.get("median_us") and c.get("median_us") else None,
+                   "alone": round(b["single_us"] / c["single_us"], 3) if b.get("single_us") and c.get("single_us") else None,
+                   "base_single_us": b.get("single_us"), "cand_single_us": c.get("single_us"),
+                   "detail": (run.get("status_detail") or "")[:90]}
+            rows.append(row)
+            print("  ", json.dumps(row))
+    honest = [r for r in rows if r["model"] != "batch-calls" and r["blocks"] and r["alone"]]
+    gaps = sorted(r["blocks"] / r["alone"] for r in honest)
+    if gaps:
+        print(f"  honest runs: blocks/alone speedup ratio {gaps[0]:.2f} .. {gaps[-1]:.2f} (median "
+              f"{statistics.median(gaps):.2f}) over {len(gaps)}; failed by the check: "
+              f"{sum(1 for r in honest if 'timing inconsistent' in r['detail'])}")
+    report["batching"] = rows
 
 
 FAULTS = ["illegal-address", "device-assert", "endless-kernel", "gpu-oom", "gpu-hog"]
@@ -408,6 +445,8 @@ def main() -> int:
                 part_selfcheck(out, report)
             elif part == "faults":
                 part_faults(out, report)
+            elif part == "batching":
+                part_batching(out, report)
         except Exception as exc:  # noqa: BLE001 - one part failing must not hide the others' figures
             print(f"  part {part} failed: {type(exc).__name__}: {exc}")
             report[part] = {"error": str(exc)}

@@ -32,6 +32,10 @@ WRONG_ANSWERS = {
 # Correct, attack the timing. head-start computes its block in "prepare", before the window opens
 # (19.3x on the old order, inputs written before "prepare"; 0.89x with the inputs written after it).
 RIGHT_ANSWERS = ("slow-baseline", "cpu-burner", "head-start")
+# adversarial/batch-calls (one all_reduce per block) is not here: on gloo its gain (up to the 3-16
+# calls of a block) sits in the noise of a call alone: the check failed it in 6 of 10 runs here
+# (the others passed at 2.4-6.1x); the deterministic case is tests/test_judge_batching.py, the GPU one
+# bench/judge_gpu_check.py.
 # With the attack working these read 10x-1000x (a 20 ms sleep in each baseline call, clocks at 0).
 MAX_SPEEDUP = 3.0
 

@@ -82,3 +82,20 @@ def test_a_plain_value_the_runner_did_not_send_reads_none_never_the_expected_one
     spec = {"tuple": [{"v": 42}]}
     assert _build_output(spec, arena, []) == (None,)
     assert _build_output(spec, arena, [7]) == (7,)
+
+
+def test_batched_flags_a_block_speedup_that_a_call_alone_does_not_show() -> None:
+    # adversarial/batch-calls on the CPU box: 6.4x per call in blocks of 6, 1.6x alone
+    assert "timing inconsistent" in timing.batched((1629.2, 217.8), (1115.5, 716.2), 6, 3.0)
+    # an honest candidate as fast alone as in blocks, and a slower one, pass
+    assert timing.batched((100.0, 20.0), (120.0, 26.0), 512, 2.0) is None
+    assert timing.batched((100.0, 300.0), (100.0, 50.0), 512, 2.0) is None
+    # below the limit in blocks: not flagged, however the call alone reads
+    assert timing.batched((100.0, 60.0), (100.0, 200.0), 512, 2.0) is None
+
+
+def test_batched_is_inconclusive_where_a_call_alone_is_not_resolved_or_the_block_is_one_call() -> None:
+    assert timing.batched((100.0, 10.0), (0.0, 40.0), 512, 2.0) is None  # the baseline alone within jitter
+    assert timing.batched((100.0, 10.0), (40.0, 0.0), 512, 2.0) is None  # the candidate alone within jitter
+    assert timing.batched((100.0, 10.0), (100.0, 100.0), 1, 2.0) is None  # blocks of one call are the single
+    assert "blocks of 512 calls" in timing.batched((100.0, 10.0), (100.0, 100.0), 512, 2.0)

@@ -42,3 +42,31 @@ def reconcile(blocks: list[tuple[float, float]], overhead_us: float) -> str | No
     if typical < 0.1:
         return f"reported {100 * typical:.1f}% of the time the judge saw in a typical block"
     return None
+
+
+# Blocks hold many calls so that the harness's share of a window is small; nothing but the runner
+# (the candidate's process) sequences those calls, so a patched runner can turn a block into fewer
+# operations (fixture adversarial/batch-calls: one all_reduce of the block's inputs laid end to end,
+# every output right; 8.9x on the CPU box before this check). Each round therefore also times one
+# call alone, on an input no block held. An honest candidate is about as much faster alone as in
+# blocks: how much a block's pipelining (the host's launches overlapping the device) changes that
+# differs between two codes by a small factor, so only a larger gap is taken for batching. On a
+# GPU 2x; on CPU 3x, where gloo's clock makes a call alone read 0.4-1.4x of itself between two
+# processes of the same code (the CPU box, 6 rounds).
+BATCHED_LIMIT = {"cuda": 2.0, "cpu": 3.0}
+
+
+def batched(block_us: tuple[float, float], single_us: tuple[float, float], calls: int, limit: float) -> str | None:
+    """A sentence when the candidate's speedup in blocks of ``calls`` calls is more than ``limit``
+    times its speedup one call at a time (and itself above ``limit``); None when the two agree or a
+    call alone is not resolved. ``block_us``, ``single_us``: (baseline, candidate) per call, one
+    statistic over the rounds, the harness's share subtracted."""
+    (block_b, block_c), (single_b, single_c) = block_us, single_us
+    if calls <= 1 or min(block_b, block_c, single_b, single_c) <= 0:
+        return None  # a call alone within the harness's jitter (or no figure): nothing to compare
+    in_blocks, alone = block_b / block_c, single_b / single_c
+    if in_blocks > limit and in_blocks > limit * alone:
+        return (f"timing inconsistent: {in_blocks:.1f}x the baseline's speed per call in blocks of {calls} calls "
+                f"but {alone:.1f}x one call at a time; a runner that turns a block's calls into fewer operations "
+                f"gains a speed no program whose next call waits for this one has")
+    return None

@@ -56,7 +56,7 @@ from pkb_tui.engine.compare import (
 from pkb_tui.engine.logs import RANKS_DID_NOT_START
 from pkb_tui.engine.modes import backend_for, mode_info, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
-from pkb_tui.engine.timing import per_call_us, percentile, reconcile
+from pkb_tui.engine.timing import BATCHED_LIMIT, batched, per_call_us, percentile, reconcile
 from pkb_tui.engine.uplink import Uplink, UplinkError, parse_address
 from tasks.base import Task, load_task
 
@@ -1186,6 +1186,10 @@ class Rank:
         series[("baseline", "null")] = Series()
         if "graph" in methods:
             series[("baseline", "graph-null")] = Series()
+        if candidate_ok:  # one call at a time, each round (the batching check, _batched)
+            for v, _ in variants:
+                series[(v, "single")] = Series()
+            series[("baseline", "single-null")] = Series()
         phases: dict[str, list[dict]] = {v: [] for v, _ in variants}
         counters = {v: _phase_counters(self.device) for v, _ in variants}
         # Across nodes, each node's first rank also counts its host's NIC bytes over each variant's
@@ -1274,6 +1278,7 @@ class Rank:
             calls_for[how] = int(max(1, min(calls_by_memory, most,
                                             math.ceil(TARGET_BLOCK_US[kind] / max(max(seen), 0.5)))))
         calls = max(calls_for.values())  # fresh inputs per round: enough for the longest block
+        per_round_singles = calls_for["eager"] > 1  # (a block of one call is its own single)
         per_round = BLOCKS_PER_ROUND[kind]
         least_rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(req.iterations / (calls_for["eager"] * per_round)))))
         budget_s = min(TIMING_BUDGET_S[kind], 0.3 * float(req.timeout_s))
@@ -1318,6 +1323,22 @@ class Rank:
                                                                        deadline, abort, timed=True)
                                 if not null_reply.get("graph_error"):
                                     series[("baseline", null_how)].rounds[-1].append(null_block)
+                for sub in range(per_round if candidate_ok and per_round_singles else 0):
+                    # One call alone, on an input no block has held: what a call costs when the next
+                    # one's input is not there yet. A runner that turns a block's calls into fewer
+                    # operations (adversarial/batch-calls: one all_reduce for the block) is fast per
+                    # call in blocks and not alone; timing.batched compares the two.
+                    inputs, expected, truths = fresh((round_index, "single", sub), 1)
+                    order = variants if (round_index * per_round + sub) % 2 == 0 else variants[::-1]
+                    for variant, runner in order:
+                        block, outputs, _ = self._call(runner, inputs, expected, "eager", deadline, abort, timed=True,
+                                                       idle_check=candidate if candidate_ok else None)
+                        series[(variant, "single")].rounds[-1].append(block)
+                        if variant == "candidate" and wrong is None:
+                            wrong = check_timed(outputs, expected, truths, rule, round_index, self._sampler)
+                        if variant == "baseline" and null_blocks:
+                            null_block = self._call(runner, inputs, expected, "null", deadline, abort, timed=True)[0]
+                            series[("baseline", "single-null")].rounds[-1].append(null_block)
             except CandidateFailure as exc:
                 failure = exc
             failure = self._agree_failure(item, failure)
@@ -1394,6 +1415,10 @@ class Rank:
             values = sorted(b[index] for r in gathered[0].get("baseline|eager", []) for b in r if b[index] is not None)
             if values:
                 overhead[f"{which}_us"] = percentile(values, 50)
+        block_medians: dict[str, float] = {}
+        singles_of: dict[str, float] = {}
+        single_null = sorted(b[0] for r in rounds_of("baseline|single-null") for b in r)
+        single_overhead = percentile(single_null, 50) if single_null else 0.0
         for variant, _ in variants:
             figures: dict[str, Any] = {}
             for how in methods:
@@ -1416,6 +1441,13 @@ class Rank:
             eager = figures.get("eager")
             if eager is None:
                 continue
+            singles = sorted(per_call_us(b[0], single_overhead, b[2]) for r in rounds_of(f"{variant}|single") for b in r)
+            if singles:  # calls alone (timing.batched): the rounds' statistic (cpu p25), harness's share off
+                q = 25 if stats.round_statistic_for(self.mode) != "median" else 50
+                in_blocks = sorted(x for row in (eager["rounds_us"] or []) for x in row)
+                eager["single_us"] = percentile(singles, q)
+                eager["singles"] = len(singles)
+                block_medians[variant], singles_of[variant] = percentile(in_blocks, q), eager["single_us"]
             graph_note = series[(variant, "graph")].note if (variant, "graph") in series else None
             if self.device.type != "cuda":
                 graph_note = "no CUDA graphs off the GPU"
@@ -1435,6 +1467,11 @@ class Rank:
                     pcie_bytes_per_iter=_max_field(links, "pcie_bytes_per_iter"),
                     per_rank=[entry or {} for entry in links],
                 ))
+        if tampered is None and len(block_medians) == 2:
+            eager_calls = max((b[2] for r in rounds_of("candidate|eager") for b in r), default=0)
+            tampered = batched((block_medians["baseline"], block_medians["candidate"]),
+                               (singles_of["baseline"], singles_of["candidate"]), eager_calls,
+                               BATCHED_LIMIT[self.device.type])
         return tampered
 
     # ------------------------------------------------------------------ profile
