@@ -140,9 +140,9 @@ def part_batching(out: Path, report: dict) -> None:
     adversarial/batch-calls (one all_reduce for a block), which must fail."""
     models = ",".join(["torch-p2p", "handwritten-cuda", str(ROOT / "tests" / "fixtures" / "adversarial" / "batch-calls")])
     rows = []
+    tasks = os.environ.get("BATCHING_TASKS", "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,reduce,gather,scatter")
     for size in os.environ.get("BATCHING_SIZES", "small,default").split(","):
-        doc, events = cli(out, f"batching_{size}", ["--task", "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,"
-                                                    "reduce,gather,scatter", "--model", models, "--world-size", "1",
+        doc, events = cli(out, f"batching_{size}", ["--task", tasks, "--model", models, "--world-size", "1",
                                                     "--mode", "nccl", "--size", size, "--trials", "1", "--no-profile",
                                                     "--timeout", "40"], timeout_s=560)
         runs = {r["id"]: r for r in (doc or {}).get("runs", [])}
@@ -155,6 +155,9 @@ def part_batching(out: Path, report: dict) -> None:
                    "blocks": round(b["median_us"] / c["median_us"], 3) if b.get("median_us") and c.get("median_us") else None,
                    "alone": round(b["single_us"] / c["single_us"], 3) if b.get("single_us") and c.get("single_us") else None,
                    "base_single_us": b.get("single_us"), "cand_single_us": c.get("single_us"),
+                   # the intervals timing.batched compares (None where it cannot say)
+                   "blocks_ci": _interval(b.get("rounds_us"), c.get("rounds_us")),
+                   "alone_ci": _interval(b.get("single_rounds_us"), c.get("single_rounds_us")),
                    "detail": (run.get("status_detail") or "")[:90]}
             rows.append(row)
             print("  ", json.dumps(row))
@@ -165,6 +168,19 @@ def part_batching(out: Path, report: dict) -> None:
               f"{statistics.median(gaps):.2f}) over {len(gaps)}; failed by the check: "
               f"{sum(1 for r in honest if 'timing inconsistent' in r['detail'])}")
     report["batching"] = rows
+
+
+def _interval(baseline: Any, candidate: Any) -> list[float] | None:
+    """The speedup's point and 95% interval over paired rounds, values at or below 0 read as 1 ns
+    (as timing.batched reads a candidate's call alone within the harness's jitter)."""
+    sys.path.insert(0, str(ROOT))
+    from pkb_tui.engine.stats import speedup_interval
+
+    pairs = [([max(x, 1e-3) for x in b], [max(x, 1e-3) for x in c]) for b, c in zip(baseline or [], candidate or []) if b and c]
+    if not pairs:
+        return None
+    est = speedup_interval([b for b, _ in pairs], [c for _, c in pairs])
+    return [round(est.point, 3), round(est.low, 3), round(est.high, 3)]
 
 
 FAULTS = ["illegal-address", "device-assert", "endless-kernel", "gpu-oom", "gpu-hog"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from pkb_tui.engine.stats import percentile
+from pkb_tui.engine.stats import Rounds, min_rounds, percentile, round_location, speedup_interval
 
 # A runner's report may exceed the judge's wall time around it by this much (clock granularity).
 REPORT_SLACK_US = 50.0
@@ -48,25 +48,48 @@ def reconcile(blocks: list[tuple[float, float]], overhead_us: float) -> str | No
 # (the candidate's process) sequences those calls, so a patched runner can turn a block into fewer
 # operations (fixture adversarial/batch-calls: one all_reduce of the block's inputs laid end to end,
 # every output right; 8.9x on the CPU box before this check). Each round therefore also times one
-# call alone, on an input no block held. An honest candidate is about as much faster alone as in
-# blocks: how much a block's pipelining (the host's launches overlapping the device) changes that
-# differs between two codes by a small factor, so only a larger gap is taken for batching. On a
-# GPU 2x; on CPU 3x, where gloo's clock makes a call alone read 0.4-1.4x of itself between two
-# processes of the same code (the CPU box, 6 rounds).
+# call alone, on an input no block held, and ``batched`` compares the speedup in blocks with the
+# speedup alone. The two differ for honest code too: in a block the host's launches overlap the
+# device and a call's chain of dependent kernels runs without the launch latency between them, so
+# a candidate of a few tiny kernels gains more in blocks than alone (H100, 2026-12-05: an honest
+# handwritten all_gather read 11.6x in blocks against 2.6x alone; honest blocks/alone ratios
+# 0.14-4.5). So two rules, each on the intervals (low end in blocks against high end alone):
+# - the speedup is (almost) only in blocks: alone at most ALONE_AT_MOST, in blocks more than
+#   BATCHED_LIMIT times that (2x on a GPU; 3x on CPU, where gloo reads a call alone 0.4-1.4x of
+#   the same code in another process);
+# - a gross gap: in blocks more than BATCHED_GROSS times the speedup alone, however fast alone.
 BATCHED_LIMIT = {"cuda": 2.0, "cpu": 3.0}
+ALONE_AT_MOST = 2.0
+BATCHED_GROSS = 8.0
+# A candidate's call alone at or below the harness's share reads 0 (per_call_us): as this, so its
+# speedup alone is unbounded and nothing is flagged.
+_RESOLVED_US = 1e-3
 
 
-def batched(block_us: tuple[float, float], single_us: tuple[float, float], calls: int, limit: float) -> str | None:
-    """A sentence when the candidate's speedup in blocks of ``calls`` calls is more than ``limit``
-    times its speedup one call at a time (and itself above ``limit``); None when the two agree or a
-    call alone is not resolved. ``block_us``, ``single_us``: (baseline, candidate) per call, one
-    statistic over the rounds, the harness's share subtracted."""
-    (block_b, block_c), (single_b, single_c) = block_us, single_us
-    if calls <= 1 or min(block_b, block_c, single_b, single_c) <= 0:
-        return None  # a call alone within the harness's jitter (or no figure): nothing to compare
-    in_blocks, alone = block_b / block_c, single_b / single_c
-    if in_blocks > limit and in_blocks > limit * alone:
-        return (f"timing inconsistent: {in_blocks:.1f}x the baseline's speed per call in blocks of {calls} calls "
-                f"but {alone:.1f}x one call at a time; a runner that turns a block's calls into fewer operations "
-                f"gains a speed no program whose next call waits for this one has")
-    return None
+def batched(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Rounds], calls: int, limit: float,
+            statistic: str = "median") -> str | None:
+    """A sentence when the candidate's speedup in blocks of ``calls`` calls cannot come from the
+    same calls one at a time (the rules above); None when it can, or when the figures cannot say
+    (a block of one call, fewer rounds of both than bound a median at 95% (6), the baseline's call alone within the harness's
+    jitter). ``block_rounds``, ``single_rounds``: (baseline, candidate) per-call times per round,
+    the harness's share subtracted; paired by round as the verdict's own speedup is."""
+    if calls <= 1:
+        return None
+    estimates = []
+    for baseline, candidate in (block_rounds, single_rounds):
+        count = min(len(baseline), len(candidate))
+        baseline, candidate = list(baseline[:count]), list(candidate[:count])
+        pairs = [([max(x, _RESOLVED_US) for x in b], [max(x, _RESOLVED_US) for x in c])
+                 for b, c in zip(baseline, candidate) if b and c]
+        if len(pairs) < min_rounds() or any(round_location(b, statistic) <= _RESOLVED_US for b, _ in pairs):
+            return None  # too few rounds to bound a median by, or the baseline within the harness's jitter
+        estimates.append(speedup_interval([b for b, _ in pairs], [c for _, c in pairs], statistic=statistic))
+    in_blocks, alone = estimates
+    bound = max(alone.high, 1.0)
+    only_in_blocks = alone.high <= ALONE_AT_MOST and in_blocks.low > limit * bound
+    if not (only_in_blocks or in_blocks.low > BATCHED_GROSS * bound):
+        return None
+    return (f"timing inconsistent: {in_blocks.point:.1f}x [{in_blocks.low:.1f}, {in_blocks.high:.1f}] the baseline's "
+            f"speed per call in blocks of {calls} calls but {alone.point:.1f}x [{alone.low:.1f}, {alone.high:.1f}] one "
+            f"call at a time; a runner that turns a block's calls into fewer operations gains a speed no program "
+            f"whose next call waits for this one has")

@@ -1336,7 +1336,7 @@ class Rank:
                         series[(variant, "single")].rounds[-1].append(block)
                         if variant == "candidate" and wrong is None:
                             wrong = check_timed(outputs, expected, truths, rule, round_index, self._sampler)
-                        if variant == "baseline" and null_blocks:
+                        if variant == "baseline":  # (on CPU too: a call alone is mostly the hand-off there)
                             null_block = self._call(runner, inputs, expected, "null", deadline, abort, timed=True)[0]
                             series[("baseline", "single-null")].rounds[-1].append(null_block)
             except CandidateFailure as exc:
@@ -1415,8 +1415,8 @@ class Rank:
             values = sorted(b[index] for r in gathered[0].get("baseline|eager", []) for b in r if b[index] is not None)
             if values:
                 overhead[f"{which}_us"] = percentile(values, 50)
-        block_medians: dict[str, float] = {}
-        singles_of: dict[str, float] = {}
+        block_rounds: dict[str, list[list[float]]] = {}
+        single_rounds: dict[str, list[list[float]]] = {}
         single_null = sorted(b[0] for r in rounds_of("baseline|single-null") for b in r)
         single_overhead = percentile(single_null, 50) if single_null else 0.0
         for variant, _ in variants:
@@ -1441,13 +1441,14 @@ class Rank:
             eager = figures.get("eager")
             if eager is None:
                 continue
-            singles = sorted(per_call_us(b[0], single_overhead, b[2]) for r in rounds_of(f"{variant}|single") for b in r)
-            if singles:  # calls alone (timing.batched): the rounds' statistic (cpu p25), harness's share off
+            single_rows = [[per_call_us(b[0], single_overhead, b[2]) for b in r] for r in rounds_of(f"{variant}|single")]
+            singles = sorted(x for row in single_rows for x in row)
+            if singles:  # calls alone (timing.batched), the harness's share off; stored for diagnosis
                 q = 25 if stats.round_statistic_for(self.mode) != "median" else 50
-                in_blocks = sorted(x for row in (eager["rounds_us"] or []) for x in row)
                 eager["single_us"] = percentile(singles, q)
                 eager["singles"] = len(singles)
-                block_medians[variant], singles_of[variant] = percentile(in_blocks, q), eager["single_us"]
+                eager["single_rounds_us"] = [[round(x, 3) for x in row] for row in single_rows]
+                block_rounds[variant], single_rounds[variant] = eager["rounds_us"] or [], single_rows
             graph_note = series[(variant, "graph")].note if (variant, "graph") in series else None
             if self.device.type != "cuda":
                 graph_note = "no CUDA graphs off the GPU"
@@ -1467,11 +1468,11 @@ class Rank:
                     pcie_bytes_per_iter=_max_field(links, "pcie_bytes_per_iter"),
                     per_rank=[entry or {} for entry in links],
                 ))
-        if tampered is None and len(block_medians) == 2:
+        if tampered is None and len(block_rounds) == 2:
             eager_calls = max((b[2] for r in rounds_of("candidate|eager") for b in r), default=0)
-            tampered = batched((block_medians["baseline"], block_medians["candidate"]),
-                               (singles_of["baseline"], singles_of["candidate"]), eager_calls,
-                               BATCHED_LIMIT[self.device.type])
+            tampered = batched((block_rounds["baseline"], block_rounds["candidate"]),
+                               (single_rounds["baseline"], single_rounds["candidate"]), eager_calls,
+                               BATCHED_LIMIT[self.device.type], stats.round_statistic_for(self.mode))
         return tampered
 
     # ------------------------------------------------------------------ profile
