@@ -139,3 +139,21 @@ def test_batched_is_inconclusive_where_a_call_alone_is_not_resolved_or_the_block
     assert timing.batched((_rounds(100.0), _rounds(10.0)), ([], []), 512, 2.0) is None
     few = (_rounds(100.0, rounds=5), _rounds(10.0, rounds=5)), (_rounds(100.0, rounds=5), _rounds(100.0, rounds=5))
     assert timing.batched(*few, 512, 2.0) is None
+
+
+def test_batching_unresolved_asks_for_rounds_only_while_the_points_suspect_and_the_intervals_do_not_decide() -> None:
+    # gloo-like noise: 3.4x in blocks and 1.1x alone by the points, intervals too wide to decide
+    blocks_b = [[x] * 2 for x in (1450.0, 2107.0, 512.0, 1188.0, 2704.0, 743.0)]
+    blocks_c = [[x] * 2 for x in (184.0, 311.0, 377.0, 975.0, 165.0, 547.0)]
+    alone_b = [[x] * 2 for x in (388.0, 199.0, 715.0, 2276.0, 1010.0, 1457.0)]
+    alone_c = [[x] * 2 for x in (1312.0, 1193.0, 670.0, 307.0, 3459.0, 272.0)]
+    assert timing.batched((blocks_b, blocks_c), (alone_b, alone_c), 8, 3.0) is None
+    assert timing.batching_unresolved((blocks_b, blocks_c), (alone_b, alone_c), 8, 3.0)
+    # decided already (steady figures): no more rounds for this
+    steady = (_rounds(100.0), _rounds(10.0)), (_rounds(100.0), _rounds(100.0))
+    assert timing.batched(*steady, 512, 2.0) is not None
+    assert not timing.batching_unresolved(*steady, 512, 2.0)
+    # nothing suspect: as fast alone as in blocks, or one call per block
+    honest = (_rounds(100.0), _rounds(20.0)), (_rounds(120.0), _rounds(26.0))
+    assert not timing.batching_unresolved(*honest, 512, 2.0)
+    assert not timing.batching_unresolved((blocks_b, blocks_c), (alone_b, alone_c), 1, 3.0)

@@ -93,3 +93,26 @@ def batched(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Ro
             f"speed per call in blocks of {calls} calls but {alone.point:.1f}x [{alone.low:.1f}, {alone.high:.1f}] one "
             f"call at a time; a runner that turns a block's calls into fewer operations gains a speed no program "
             f"whose next call waits for this one has")
+
+
+def batching_unresolved(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Rounds], calls: int,
+                        limit: float, statistic: str = "median") -> bool:
+    """True while the point figures meet one of ``batched``'s rules but its intervals do not decide
+    yet: the judge then times more rounds (to its round limit and time budget), so a batching
+    runner on a noisy clock is not let through for want of rounds (gloo on the 2-core box: calls
+    alone of one code read 150-3,000 us, and six rounds bound nothing)."""
+    if calls <= 1 or batched(block_rounds, single_rounds, calls, limit, statistic) is not None:
+        return False
+    points = []
+    for baseline, candidate in (block_rounds, single_rounds):
+        pairs = [(b, c) for b, c in zip(baseline, candidate) if b and c]
+        if not pairs:
+            return False
+        locations = [(round_location(b, statistic), round_location(c, statistic)) for b, c in pairs]
+        if any(b <= _RESOLVED_US for b, _ in locations):
+            return False
+        logs = sorted(math.log(b / max(c, _RESOLVED_US)) for b, c in locations)
+        points.append(math.exp(percentile(logs, 50)))
+    in_blocks, alone = points
+    bound = max(alone, 1.0)
+    return (alone <= ALONE_AT_MOST and in_blocks > limit * bound) or in_blocks > BATCHED_GROSS * bound

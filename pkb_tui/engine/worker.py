@@ -56,7 +56,7 @@ from pkb_tui.engine.compare import (
 from pkb_tui.engine.logs import RANKS_DID_NOT_START
 from pkb_tui.engine.modes import backend_for, mode_info, timings_representative
 from pkb_tui.engine.request import RunItem, RunRequest
-from pkb_tui.engine.timing import BATCHED_LIMIT, batched, per_call_us, percentile, reconcile
+from pkb_tui.engine.timing import BATCHED_LIMIT, batched, batching_unresolved, per_call_us, percentile, reconcile
 from pkb_tui.engine.uplink import Uplink, UplinkError, parse_address
 from tasks.base import Task, load_task
 
@@ -1126,8 +1126,13 @@ class Rank:
         method the speedup is read from: --speedup-basis, eager where the call has no graph)."""
         if rounds_done < least_rounds:
             return True
-        if not candidate_ok or rounds_done >= MAX_ROUNDS or self.device.type != "cuda":
-            return False  # cpu: a fixed count (its spread is the host's, not the kernels'; see stats)
+        if not candidate_ok or rounds_done >= MAX_ROUNDS:
+            return False
+        # A speedup that looks like batching and is not yet decided: more rounds, on CPU too.
+        suspect = (elapsed_s + elapsed_s / max(rounds_done, 1) <= budget_s
+                   and self._batching_unresolved(series, statistic))
+        if self.device.type != "cuda":
+            return suspect  # cpu: else a fixed count (its spread is the host's, not the kernels'; see stats)
         method = getattr(self.request, "speedup_basis", "eager") or "eager"
         if not any(series.get(("candidate", method), Series()).rounds) or series[("candidate", method)].note:
             method = "eager"
@@ -1139,7 +1144,25 @@ class Rank:
         decision = stats.next_round_needed(per_call(("baseline", method)), per_call(("candidate", method)),
                                            elapsed_s=elapsed_s, budget_s=budget_s, least_rounds=least_rounds,
                                            max_rounds=MAX_ROUNDS, statistic=statistic)
-        return decision.more
+        return decision.more or suspect
+
+    def _batching_unresolved(self, series: dict, statistic: str) -> bool:
+        """timing.batching_unresolved on this judge's own figures so far (eager blocks and calls
+        alone, each with its null's share off, as _emit_timings computes them for all ranks)."""
+        keys = [(v, m) for v in ("baseline", "candidate") for m in ("eager", "single")]
+        if any(k not in series for k in keys) or ("baseline", "single-null") not in series:
+            return False
+        block_overhead = _null_overhead_us(series, "eager")
+        single_nulls = sorted(b.wall_us for r in series[("baseline", "single-null")].rounds for b in r)
+        single_overhead = percentile(single_nulls, 50) if single_nulls else 0.0
+
+        def rows(key: tuple[str, str], overhead: float) -> list[list[float]]:
+            return [[per_call_us(b.wall_us, overhead, b.calls) for b in r] for r in series[key].rounds]
+
+        calls = max((b.calls for r in series[("candidate", "eager")].rounds for b in r), default=0)
+        return batching_unresolved((rows(("baseline", "eager"), block_overhead), rows(("candidate", "eager"), block_overhead)),
+                                   (rows(("baseline", "single"), single_overhead), rows(("candidate", "single"), single_overhead)),
+                                   calls, BATCHED_LIMIT[self.device.type], statistic)
 
     def _report_trial(self, item: RunItem, trial: int, cmp: Comparison) -> bool:
         per_rank = self.gather({
