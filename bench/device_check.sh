@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check the GPU box must show, in as few device calls as possible.
 #   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu] [judge]   (default: all sections)
-#   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults,
+#   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults, batching check,
 #   self-check of every task); JUDGE_PARTS picks its parts (default all).
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
 set -u
@@ -63,7 +63,7 @@ for section in $sections; do
     ;;
   judge)
     echo "=== judge (bench/judge_gpu_check.py)"
-    timeout 1500 $PY bench/judge_gpu_check.py --out "$OUT" --parts "${JUDGE_PARTS:-smoke,adversarial,spin,faults,selfcheck}" 2>&1 \
+    timeout 1500 $PY bench/judge_gpu_check.py --out "$OUT" --parts "${JUDGE_PARTS:-smoke,adversarial,spin,faults,batching,selfcheck}" 2>&1 \
       | tee "$OUT/judge_check.txt" | tail -90
     ;;
   esac
