@@ -171,16 +171,12 @@ def part_batching(out: Path, report: dict) -> None:
 
 
 def _interval(baseline: Any, candidate: Any) -> list[float] | None:
-    """The speedup's point and 95% interval over paired rounds, values at or below 0 read as 1 ns
-    (as timing.batched reads a candidate's call alone within the harness's jitter)."""
+    """The speedup's point and 95% interval as timing.batched reads them (None where it cannot say)."""
     sys.path.insert(0, str(ROOT))
-    from pkb_tui.engine.stats import speedup_interval
+    from pkb_tui.engine.timing import paired_speedup
 
-    pairs = [([max(x, 1e-3) for x in b], [max(x, 1e-3) for x in c]) for b, c in zip(baseline or [], candidate or []) if b and c]
-    if not pairs:
-        return None
-    est = speedup_interval([b for b, _ in pairs], [c for _, c in pairs])
-    return [round(est.point, 3), round(est.low, 3), round(est.high, 3)]
+    est = paired_speedup(baseline or [], candidate or [])
+    return None if est is None else [round(est.point, 3), round(est.low, 3), round(est.high, 3)]
 
 
 FAULTS = ["illegal-address", "device-assert", "endless-kernel", "gpu-oom", "gpu-hog"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from pkb_tui.engine.stats import Rounds, min_rounds, percentile, round_location, speedup_interval
+from pkb_tui.engine.stats import Rounds, SpeedupEstimate, min_rounds, percentile, round_location, speedup_interval
 
 # A runner's report may exceed the judge's wall time around it by this much (clock granularity).
 REPORT_SLACK_US = 50.0
@@ -66,29 +66,42 @@ BATCHED_GROSS = 8.0
 _RESOLVED_US = 1e-3
 
 
+def paired_speedup(baseline: Rounds, candidate: Rounds, statistic: str = "median") -> SpeedupEstimate | None:
+    """The speedup over rounds paired by index (stats.speedup_interval), a candidate's figure at or
+    below the harness's share read as _RESOLVED_US; None with fewer rounds of both than bound a
+    median at 95% (6), or where a round of the baseline is within the harness's jitter."""
+    pairs = [([max(x, _RESOLVED_US) for x in b], [max(x, _RESOLVED_US) for x in c])
+             for b, c in zip(baseline, candidate) if b and c]
+    if len(pairs) < min_rounds() or any(round_location(b, statistic) <= _RESOLVED_US for b, _ in pairs):
+        return None
+    return speedup_interval([b for b, _ in pairs], [c for _, c in pairs], statistic=statistic)
+
+
+def _gap(in_blocks: float, alone: float, limit: float) -> bool:
+    """The rules above, on one figure in blocks and one alone (alone never read below 1x)."""
+    bound = max(alone, 1.0)
+    return (alone <= ALONE_AT_MOST and in_blocks > limit * bound) or in_blocks > BATCHED_GROSS * bound
+
+
+def _estimates(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Rounds], calls: int,
+               statistic: str) -> tuple[SpeedupEstimate, SpeedupEstimate] | None:
+    if calls <= 1:
+        return None  # a block of one call is its own call alone
+    in_blocks, alone = paired_speedup(*block_rounds, statistic), paired_speedup(*single_rounds, statistic)
+    return (in_blocks, alone) if in_blocks is not None and alone is not None else None
+
+
 def batched(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Rounds], calls: int, limit: float,
             statistic: str = "median") -> str | None:
     """A sentence when the candidate's speedup in blocks of ``calls`` calls cannot come from the
-    same calls one at a time (the rules above); None when it can, or when the figures cannot say
-    (a block of one call, fewer rounds of both than bound a median at 95% (6), the baseline's call alone within the harness's
-    jitter). ``block_rounds``, ``single_rounds``: (baseline, candidate) per-call times per round,
-    the harness's share subtracted; paired by round as the verdict's own speedup is."""
-    if calls <= 1:
+    same calls one at a time (the rules above, low end in blocks against high end alone); None when
+    it can, or when the figures cannot say (paired_speedup's None, a block of one call).
+    ``block_rounds``, ``single_rounds``: (baseline, candidate) per-call times per round, the
+    harness's share subtracted; paired by round as the verdict's own speedup is."""
+    estimates = _estimates(block_rounds, single_rounds, calls, statistic)
+    if estimates is None or not _gap(estimates[0].low, estimates[1].high, limit):
         return None
-    estimates = []
-    for baseline, candidate in (block_rounds, single_rounds):
-        count = min(len(baseline), len(candidate))
-        baseline, candidate = list(baseline[:count]), list(candidate[:count])
-        pairs = [([max(x, _RESOLVED_US) for x in b], [max(x, _RESOLVED_US) for x in c])
-                 for b, c in zip(baseline, candidate) if b and c]
-        if len(pairs) < min_rounds() or any(round_location(b, statistic) <= _RESOLVED_US for b, _ in pairs):
-            return None  # too few rounds to bound a median by, or the baseline within the harness's jitter
-        estimates.append(speedup_interval([b for b, _ in pairs], [c for _, c in pairs], statistic=statistic))
     in_blocks, alone = estimates
-    bound = max(alone.high, 1.0)
-    only_in_blocks = alone.high <= ALONE_AT_MOST and in_blocks.low > limit * bound
-    if not (only_in_blocks or in_blocks.low > BATCHED_GROSS * bound):
-        return None
     return (f"timing inconsistent: {in_blocks.point:.1f}x [{in_blocks.low:.1f}, {in_blocks.high:.1f}] the baseline's "
             f"speed per call in blocks of {calls} calls but {alone.point:.1f}x [{alone.low:.1f}, {alone.high:.1f}] one "
             f"call at a time; a runner that turns a block's calls into fewer operations gains a speed no program "
@@ -97,22 +110,12 @@ def batched(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Ro
 
 def batching_unresolved(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Rounds], calls: int,
                         limit: float, statistic: str = "median") -> bool:
-    """True while the point figures meet one of ``batched``'s rules but its intervals do not decide
-    yet: the judge then times more rounds (to its round limit and time budget), so a batching
-    runner on a noisy clock is not let through for want of rounds (gloo on the 2-core box: calls
-    alone of one code read 150-3,000 us, and six rounds bound nothing)."""
-    if calls <= 1 or batched(block_rounds, single_rounds, calls, limit, statistic) is not None:
+    """True while the points meet one of ``batched``'s rules but its intervals do not decide yet:
+    the judge then times more rounds (to its round limit and time budget), so a batching runner on
+    a noisy clock is not let through for want of rounds (gloo on the 2-core box: calls alone of one
+    code read 100-4,900 us, and six rounds bound nothing)."""
+    estimates = _estimates(block_rounds, single_rounds, calls, statistic)
+    if estimates is None:
         return False
-    points = []
-    for baseline, candidate in (block_rounds, single_rounds):
-        pairs = [(b, c) for b, c in zip(baseline, candidate) if b and c]
-        if not pairs:
-            return False
-        locations = [(round_location(b, statistic), round_location(c, statistic)) for b, c in pairs]
-        if any(b <= _RESOLVED_US for b, _ in locations):
-            return False
-        logs = sorted(math.log(b / max(c, _RESOLVED_US)) for b, c in locations)
-        points.append(math.exp(percentile(logs, 50)))
-    in_blocks, alone = points
-    bound = max(alone, 1.0)
-    return (alone <= ALONE_AT_MOST and in_blocks > limit * bound) or in_blocks > BATCHED_GROSS * bound
+    in_blocks, alone = estimates
+    return _gap(in_blocks.point, alone.point, limit) and not _gap(in_blocks.low, alone.high, limit)

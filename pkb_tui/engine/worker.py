@@ -1128,11 +1128,14 @@ class Rank:
             return True
         if not candidate_ok or rounds_done >= MAX_ROUNDS:
             return False
-        # A speedup that looks like batching and is not yet decided: more rounds, on CPU too.
-        suspect = (elapsed_s + elapsed_s / max(rounds_done, 1) <= budget_s
-                   and self._batching_unresolved(series, statistic))
+        def suspect() -> bool:
+            """A speedup that looks like batching and is not decided yet: more rounds, on CPU too,
+            while another round fits the budget."""
+            return (elapsed_s + elapsed_s / max(rounds_done, 1) <= budget_s
+                    and self._batching_unresolved(series, statistic))
+
         if self.device.type != "cuda":
-            return suspect  # cpu: else a fixed count (its spread is the host's, not the kernels'; see stats)
+            return suspect()  # cpu: else a fixed count (its spread is the host's, not the kernels'; see stats)
         method = getattr(self.request, "speedup_basis", "eager") or "eager"
         if not any(series.get(("candidate", method), Series()).rounds) or series[("candidate", method)].note:
             method = "eager"
@@ -1144,7 +1147,7 @@ class Rank:
         decision = stats.next_round_needed(per_call(("baseline", method)), per_call(("candidate", method)),
                                            elapsed_s=elapsed_s, budget_s=budget_s, least_rounds=least_rounds,
                                            max_rounds=MAX_ROUNDS, statistic=statistic)
-        return decision.more or suspect
+        return decision.more or suspect()
 
     def _batching_unresolved(self, series: dict, statistic: str) -> bool:
         """timing.batching_unresolved on this judge's own figures so far (eager blocks and calls
@@ -1152,16 +1155,13 @@ class Rank:
         keys = [(v, m) for v in ("baseline", "candidate") for m in ("eager", "single")]
         if any(k not in series for k in keys) or ("baseline", "single-null") not in series:
             return False
-        block_overhead = _null_overhead_us(series, "eager")
-        single_nulls = sorted(b.wall_us for r in series[("baseline", "single-null")].rounds for b in r)
-        single_overhead = percentile(single_nulls, 50) if single_nulls else 0.0
-
-        def rows(key: tuple[str, str], overhead: float) -> list[list[float]]:
-            return [[per_call_us(b.wall_us, overhead, b.calls) for b in r] for r in series[key].rounds]
+        def rows(variant: str, method: str) -> list[list[float]]:
+            overhead = _null_overhead_us(series, method)
+            return [[per_call_us(b.wall_us, overhead, b.calls) for b in r] for r in series[(variant, method)].rounds]
 
         calls = max((b.calls for r in series[("candidate", "eager")].rounds for b in r), default=0)
-        return batching_unresolved((rows(("baseline", "eager"), block_overhead), rows(("candidate", "eager"), block_overhead)),
-                                   (rows(("baseline", "single"), single_overhead), rows(("candidate", "single"), single_overhead)),
+        return batching_unresolved((rows("baseline", "eager"), rows("candidate", "eager")),
+                                   (rows("baseline", "single"), rows("candidate", "single")),
                                    calls, BATCHED_LIMIT[self.device.type], statistic)
 
     def _report_trial(self, item: RunItem, trial: int, cmp: Comparison) -> bool:
@@ -1673,8 +1673,9 @@ def _build_output(spec: Any, arena: torch.Tensor, leaves: list[Any] | None) -> A
 
 
 def _null_overhead_us(series: dict, method: str = "eager") -> float:
-    """The harness's share of a block of ``method`` so far, as this judge saw it: its null blocks' median."""
-    key = ("baseline", "null" if method == "eager" else "graph-null")
+    """The harness's share of a block of ``method`` (eager, graph, single) so far, as this judge saw
+    it: its null blocks' median."""
+    key = ("baseline", {"eager": "null", "graph": "graph-null", "single": "single-null"}[method])
     nulls = sorted(b.wall_us for r in series[key].rounds for b in r) if key in series else []
     return percentile(nulls, 50) if nulls else 0.0
 
