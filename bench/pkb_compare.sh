@@ -32,6 +32,9 @@ for f in "$CLONE"/reference/*.py; do
 done
 echo "=== problems: ${STEMS[*]}"
 
+if [ "${PKB_TUI_SKIP:-0}" = 1 ]; then  # a second device call: run_local.py on the problems the first had no time for
+  echo "=== pkb-tui: skipped (PKB_TUI_SKIP=1)"; PKB_TUI_S=0
+else
 echo "=== pkb-tui: one launch, ${#STEMS[@]} problems x $TRIALS trials, $MODE ws 1, size $SIZE (default: 1024x1024 bf16)"
 t0=$SECONDS
 timeout ${PKB_TUI_TIMEOUT:-1800} $PY -m pkb_tui.cli --db "$OUT/pkb_runs.db" run --pkb-root "$CLONE" --task "pkb/$RANGE" \
@@ -51,18 +54,21 @@ for r in doc["runs"]:
 for s in doc.get("skipped", []):
     print("skipped:", s)
 PYEOF
+fi
 
 echo "=== PKB run_local.py: one eval per problem, $TRIALS trials, --measure-perf, 1 GPU"
 PKB_TOTAL=0
-RUN_LOCAL_MAX=${RUN_LOCAL_MAX:-${#STEMS[@]}}  # device time is scarce: run_local.py on the first K problems only
+RUN_LOCAL_MAX=${RUN_LOCAL_MAX:-${#STEMS[@]}}  # device time is scarce: run_local.py on K problems only,
+RUN_LOCAL_FROM=${RUN_LOCAL_FROM:-0}            # from the J-th (0-based): two device calls can share the 8
 DONE=0
-for stem in "${STEMS[@]:0:$RUN_LOCAL_MAX}"; do
+for stem in "${STEMS[@]:$RUN_LOCAL_FROM:$RUN_LOCAL_MAX}"; do
   t0=$SECONDS
   (cd "$CLONE" && timeout ${PKB_TIMEOUT:-900} $PY run_local.py --nproc-per-node 1 --mode eval --problem "$stem" \
      --solution triton --solutions-dir "$CAND" --trials "$TRIALS" --measure-perf --logs-dir "$OUT/pkb_logs" \
      >"$OUT/run_local_${stem}.log" 2>&1)
   rc=$?
   s=$((SECONDS - t0)); PKB_TOTAL=$((PKB_TOTAL + s)); DONE=$((DONE + 1))
+  echo "{\"problem\": \"$stem\", \"run_local_s\": $s, \"exit\": $rc}" >>"$OUT/run_local_times.jsonl"
   echo "--- run_local $stem: exit $rc in $s s ($(grep -E 'all trials match|mismatch' "$OUT/run_local_${stem}.log" | tail -1))"
 done
 if [ "$DONE" -eq "${#STEMS[@]}" ]; then
