@@ -156,10 +156,21 @@ def chosen_candidates(names: str | None) -> list[Path]:
     return [by_name[n] for n in wanted]
 
 
+def open_files() -> dict[int, str]:
+    """This process's open file descriptors and what each points at."""
+    fds = {}
+    for entry in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(entry)] = os.readlink(f"/proc/self/fd/{entry}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+    return fds
+
+
 def run_batch(index: int, db: Path, runs_dir: Path, models: list[Path], timeout_s: float, mode: str,
-              world_size: int) -> dict[str, str]:
+              world_size: int) -> dict[str, tuple[str, str]]:
     """One batch; odd batches through the CLI, even ones through Launcher.run (the dashboard's call).
-    Returns model name -> status."""
+    Returns model name -> (status, its detail)."""
     host_memory_gib = HOST_MEMORY_GIB[mode]
     if index % 2:
         cmd = [sys.executable, "-m", "pkb_tui.cli", "--db", str(db), "run", "--task", "all_reduce",
@@ -168,7 +179,7 @@ def run_batch(index: int, db: Path, runs_dir: Path, models: list[Path], timeout_
                "--max-host-memory-gib", f"{host_memory_gib:g}", "--runs-dir", str(runs_dir), "--json"]
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=3600)
         try:
-            return {r["model"]: r["status"] for r in json.loads(done.stdout)["runs"]}
+            return {r["model"]: (r["status"], r.get("status_detail") or "") for r in json.loads(done.stdout)["runs"]}
         except (ValueError, KeyError) as exc:
             raise SystemExit(f"batch {index}: the CLI (exit {done.returncode}) printed no runs ({exc}); it said:\n"
                              f"{done.stderr[-2000:]}") from exc
@@ -180,7 +191,8 @@ def run_batch(index: int, db: Path, runs_dir: Path, models: list[Path], timeout_
                          trials=1, timeout_s=timeout_s, timing=False, profile=False, max_host_memory_gib=host_memory_gib)
     outcome = Launcher(db, runs_dir=runs_dir).run(request)
     with Store(db) as store:
-        return {store.run(run_id)["model"]: outcome.statuses[run_id] for run_id in outcome.run_ids}
+        rows = [store.run(run_id) for run_id in outcome.run_ids]
+    return {row["model"]: (outcome.statuses[row["id"]], row.get("status_detail") or "") for row in rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     db, runs_dir = workdir / "runs.db", workdir / "runs"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     before = census(db)
+    fds_before = open_files()
     print(f"mode {args.mode}, {args.world_size} rank(s), host-memory limit {HOST_MEMORY_GIB[args.mode]:g} GiB; "
           f"candidates {', '.join(m.name for m in models)}; GPU census: {'yes' if GPU_MEMORY_KEY in before else 'no GPU'}",
           flush=True)
@@ -214,13 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     while done < args.runs and time.monotonic() < deadline:
         chosen = models[: min(len(models), args.runs - done)]
         statuses = run_batch(batch, db, runs_dir, chosen, args.timeout, args.mode, args.world_size)
-        for model, status in statuses.items():
+        for model, (status, detail) in statuses.items():
             expected = next(v for m, v in CANDIDATES.items() if m.name == model)
             if status not in expected:
-                wrong_verdicts.append(f"batch {batch} {model}: {status} (expected {'/'.join(sorted(expected))})")
+                wrong_verdicts.append(f"batch {batch} {model}: {status} (expected {'/'.join(sorted(expected))})"
+                                      f"{': ' + detail[:300] if detail else ''}")
         done += len(statuses)
         print(f"batch {batch:4d} via {'cli' if batch % 2 else 'engine'}: {len(statuses)} runs "
-              f"({done}/{args.runs}, {time.monotonic() - started:.0f} s) {sorted(statuses.values())}", flush=True)
+              f"({done}/{args.runs}, {time.monotonic() - started:.0f} s) {sorted(s for s, _ in statuses.values())} "
+              f"open files {len(os.listdir('/proc/self/fd'))}", flush=True)
         batch += 1
     elapsed_s = time.monotonic() - started
     time.sleep(5)  # the last batch's processes end (judges notice, runners die with them)
@@ -233,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         mark = "  GREW" if key in grew else "  NOT READ AFTER" if key in unread else ""
         allowed = f"  (grown only past +{GROWTH_ALLOWED[key]}: the driver's drift)" if key in GROWTH_ALLOWED else ""
         print(f"{key:28s} {before[key]:12,d} {after_text}{mark}{allowed}")
+    new_fds = sorted(target for fd, target in open_files().items() if fds_before.get(fd) != target)
+    if new_fds:
+        print("open in this process now and not before: " + ", ".join(
+            f"{target} x{new_fds.count(target)}" for target in dict.fromkeys(new_fds)))
     cut = f"; stopped at --max-minutes {args.max_minutes:g}" if done < args.runs else ""
     print(f"{done} of {args.runs} runs in {batch} batches, {elapsed_s:.0f} s{cut}; wrong verdicts: {len(wrong_verdicts)}")
     for line in wrong_verdicts[:20]:
