@@ -73,6 +73,12 @@ MAX_ROUNDS = 40
 # box each block costs the judges seconds of hand-offs (measured on the 2-core dev VM: 2-5 s a
 # block, ~100 s of timing per item at 3 blocks a round).
 BLOCKS_PER_ROUND = {"cuda": 1, "cpu": 2}
+# Calls alone (timing.batched) per variant a round, the round's figure their statistic. On a GPU
+# one was not enough: a call alone is ~130 us of hand-off around a few us of work, and with one a
+# round the batching fixture's speedup alone read [0.56, 2.67] after 13 rounds (H100, 2026-12-06),
+# too wide to fail it (4.1x in blocks); each costs ~0.5 ms. cpu: as its blocks (gloo's calls alone
+# cost ms each on the 2-core box).
+SINGLES_PER_ROUND = {"cuda": 5, "cpu": 2}
 TIMING_BUDGET_S = {"cuda": 30.0, "cpu": 20.0}  # adaptive rounds stop here (engine.stats.next_round_needed)
 # cpu: at most 16. The judges compute every timed call's expected outputs with collectives of their
 # own, and a call's net time (the harness's share taken off) can read near zero on a noisy box,
@@ -1346,13 +1352,14 @@ class Rank:
                                                                        deadline, abort, timed=True)
                                 if not null_reply.get("graph_error"):
                                     series[("baseline", null_how)].rounds[-1].append(null_block)
-                for sub in range(per_round if candidate_ok and per_round_singles else 0):
+                singles = SINGLES_PER_ROUND[kind] if candidate_ok and per_round_singles else 0
+                for sub in range(singles):
                     # One call alone, on an input no block has held: what a call costs when the next
                     # one's input is not there yet. A runner that turns a block's calls into fewer
                     # operations (adversarial/batch-calls: one all_reduce for the block) is fast per
                     # call in blocks and not alone; timing.batched compares the two.
                     inputs, expected, truths = fresh((round_index, "single", sub), 1)
-                    order = variants if (round_index * per_round + sub) % 2 == 0 else variants[::-1]
+                    order = variants if (round_index * singles + sub) % 2 == 0 else variants[::-1]
                     for variant, runner in order:
                         block, outputs, _ = self._call(runner, inputs, expected, "eager", deadline, abort, timed=True,
                                                        idle_check=candidate if candidate_ok else None)
