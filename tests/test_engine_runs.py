@@ -92,6 +92,17 @@ def test_hung_and_crashing_candidates_end_their_runs_and_the_batch_goes_on(cli, 
     assert Path(hang["log_path"]).exists()
 
 
+@pytest.mark.timeout(600)
+def test_a_crashing_candidate_is_an_error_at_one_rank_too(cli, tmp_db: Path) -> None:
+    # The crash fixtures die on the last rank: at one rank that is rank 0 (the GPU soak runs at one
+    # rank on a one-GPU box, and read them as passed while they died on rank 1 only).
+    result = cli("run", "--task", "all_reduce", "--model", fixture_model("crash"), "--world-size", "1",
+                 "--mode", "cpu", "--timeout", "60", "--no-timing", "--no-profile", "--trials", "1", "--json")
+    assert result.code == 1, result.err
+    [run] = result.json()["runs"]
+    assert run["status"] == "error" and "exited with code 13" in run["status_detail"], run
+
+
 def _worker_pids(marker: str) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
