@@ -365,11 +365,18 @@ def bias_parts(events: dict, item: int) -> dict[str, Any]:
         pairs = list(zip(b.get("reported_rounds_us") or [], c.get("reported_rounds_us") or []))
         ratios = [rb[0] / rc[0] for rb, rc in pairs if rb and rc and rb[0] and rc[0]]
         out[f"{method}_reported"] = round(_median(ratios), 4) if ratios else None
-        hand = []
+        # Where the judge's round-to-round spread comes from: the same spread of the runners' own
+        # event times (the GPU's work) beside it, and the spread of one block's hand-offs in + out.
+        logs = [math.log(r) for r in ratios if r > 0]
+        out[f"{method}_reported_round_sd"] = round(statistics.pstdev(logs), 4) if len(logs) > 1 else None
+        hand, trips = [], []
         for hb, hc in zip(b.get("handoff_rounds_us") or [], c.get("handoff_rounds_us") or []):
             if hb and hc and None not in hb[0] and None not in hc[0]:
                 hand.append(sum(hc[0]) - sum(hb[0]))
+                trips += [sum(hb[0]), sum(hc[0])]
         out[f"{method}_handoff_c_minus_b_us"] = round(_median(hand), 2) if hand else None
+        out[f"{method}_handoff_us"] = round(_median(trips), 1) if trips else None
+        out[f"{method}_handoff_sd_us"] = round(statistics.pstdev(trips), 1) if len(trips) > 1 else None
         walls = [rb[0] / rc[0] for rb, rc in zip(b.get("rounds_us") or [], c.get("rounds_us") or []) if rb and rc and rc[0]]
         out[f"{method}_rounds"] = len(walls)
         if walls:
