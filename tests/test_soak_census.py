@@ -61,3 +61,13 @@ def test_a_box_without_a_gpu_has_no_gpu_figures_and_the_census_still_works(soak,
     figures = soak.census(tmp_path / "runs.db")
     assert soak.GPU_MEMORY_KEY not in figures and "MPS daemons" not in figures
     assert figures["processes"] > 0
+
+
+def test_open_files_names_what_was_opened_since(soak, tmp_path: Path) -> None:
+    before = soak.open_files()
+    path = tmp_path / "held-open"
+    with open(path, "w"):
+        now = soak.open_files()
+    new = [target for fd, target in now.items() if before.get(fd) != target]
+    assert new == [str(path)]
+    assert str(path) not in soak.open_files().values()
