@@ -1353,6 +1353,7 @@ class Rank:
                                 if not null_reply.get("graph_error"):
                                     series[("baseline", null_how)].rounds[-1].append(null_block)
                 singles = SINGLES_PER_ROUND[kind] if candidate_ok and per_round_singles else 0
+                stale = inputs[:1], expected[:1]  # already timed: a warm-up on them tells a runner nothing
                 for sub in range(singles):
                     # One call alone, on an input no block has held: what a call costs when the next
                     # one's input is not there yet. A runner that turns a block's calls into fewer
@@ -1361,6 +1362,13 @@ class Rank:
                     inputs, expected, truths = fresh((round_index, "single", sub), 1)
                     order = variants if (round_index * singles + sub) % 2 == 0 else variants[::-1]
                     for variant, runner in order:
+                        # Warm first (an untimed null call on a stale input), so that every call alone
+                        # is timed as the baseline's null after it is: right after a call of its own
+                        # runner. Without it most calls alone came after the other runner's, the null
+                        # never did, and on the H200 honest candidates' calls alone read 37-136 us
+                        # beyond the null (0-35 us on the H100), which pulls a fast candidate's speedup
+                        # alone towards 1-2x: the batching rule's signature. (Not yet measured on a GPU.)
+                        self._call(runner, *stale, "null", deadline, abort)
                         block, outputs, _ = self._call(runner, inputs, expected, "eager", deadline, abort, timed=True,
                                                        idle_check=candidate if candidate_ok else None)
                         series[(variant, "single")].rounds[-1].append(block)
@@ -1369,6 +1377,7 @@ class Rank:
                         if variant == "baseline":  # (on CPU too: a call alone is mostly the hand-off there)
                             null_block = self._call(runner, inputs, expected, "null", deadline, abort, timed=True)[0]
                             series[("baseline", "single-null")].rounds[-1].append(null_block)
+                    stale = inputs, expected
             except CandidateFailure as exc:
                 failure = exc
             failure = self._agree_failure(item, failure)
