@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Every check the GPU box must show, in as few device calls as possible.
-#   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu] [judge]   (default: all sections)
+#   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu] [judge] [soak] [pkb]
+#   (default: engine tasks collectors gpu judge)
 #   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults, batching check,
 #   self-check of every task); JUDGE_PARTS picks its parts (default all).
+#   soak: bench/soak.py on this box's GPU (SOAK_MINUTES, default 3), its database copied to $OUT.
+#   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
+#   RUN_LOCAL_FROM/RUN_LOCAL_MAX/PKB_TUI_SKIP as that script reads them.
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
 set -u
 OUT=${OUT:-/tmp/pkb-out}
@@ -65,6 +69,17 @@ for section in $sections; do
     echo "=== judge (bench/judge_gpu_check.py)"
     timeout 1500 $PY bench/judge_gpu_check.py --out "$OUT" --parts "${JUDGE_PARTS:-smoke,adversarial,spin,faults,batching,selfcheck}" 2>&1 \
       | tee "$OUT/judge_check.txt" | tail -90
+    ;;
+  soak)
+    echo "=== soak (bench/soak.py, ${SOAK_MINUTES:-3} min)"
+    timeout $(( ${SOAK_MINUTES:-3} * 60 + 120 )) $PY bench/soak.py --mode nccl --world-size 1 --runs 1000 --timeout 10 \
+      --max-minutes "${SOAK_MINUTES:-3}" --workdir /tmp/pkb-soak 2>&1 | tee "$OUT/soak.txt" | tail -40
+    cp /tmp/pkb-soak/runs.db "$OUT/soak_runs.db" 2>/dev/null
+    ;;
+  pkb)
+    echo "=== ParallelKernelBench against run_local.py (bench/pkb_compare.sh)"
+    OUT="$OUT" bash bench/pkb_compare.sh "${PKB_CLONE:-.pkb}" "${PKB_RANGE:-1-8}" 2>&1 | tail -30
+    rm -rf "$OUT/pkb_reference_as_triton" "$OUT/pkb_logs"
     ;;
   esac
 done
