@@ -20,7 +20,9 @@ SHARED_GPU_MAX_RANKS = 8
 
 
 def visible_gpu_count() -> int:
-    """GPUs this process may use, without creating a CUDA context (NVML-based in torch)."""
+    """GPUs this process may use. No CUDA context is created, but torch's count (cudaGetDeviceCount,
+    unless PYTORCH_NVML_BASED_CUDA_CHECK=1) loads the driver, which keeps its device files open in
+    this process from then on (the dashboard's, for one)."""
     if os.environ.get("PKB_FORCE_CPU"):
         return 0
     try:
