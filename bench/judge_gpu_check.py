@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # pkb_tui's own helpers (timing, limits, stats) in this process
+    sys.path.insert(0, str(ROOT))
 ATTACKS = ["patch-judge", "gc-scavenge", "seed-rebuild", "memo-address", "count-calls", "thread-after-window",
            "lying-subclass", "forge-events", "slow-baseline", "patch-clock", "cpu-burner", "forge-reply", "kill-judge",
            "gpu-linger", "gpu-linger-long", "renice-baseline", "head-start", "batch-calls"]
@@ -172,7 +174,6 @@ def part_batching(out: Path, report: dict) -> None:
 
 def _interval(baseline: Any, candidate: Any) -> list[float] | None:
     """The speedup's point and 95% interval as timing.batched reads them (None where it cannot say)."""
-    sys.path.insert(0, str(ROOT))
     from pkb_tui.engine.timing import paired_speedup
 
     est = paired_speedup(baseline or [], candidate or [])
@@ -191,7 +192,6 @@ def nvml_attribution() -> dict[str, Any]:
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         ready = child.stdout is not None and child.stdout.readline().strip() == "ready"
-        sys.path.insert(0, str(ROOT))
         from pkb_tui.engine.limits import GIB, GpuMemory
 
         gpu = GpuMemory()

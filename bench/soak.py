@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         done += len(statuses)
         print(f"batch {batch:4d} via {'cli' if batch % 2 else 'engine'}: {len(statuses)} runs "
               f"({done}/{args.runs}, {time.monotonic() - started:.0f} s) {sorted(s for s, _ in statuses.values())} "
-              f"open files {len(os.listdir('/proc/self/fd'))}", flush=True)
+              f"open files {len(open_files())}", flush=True)
         batch += 1
     elapsed_s = time.monotonic() - started
     time.sleep(5)  # the last batch's processes end (judges notice, runners die with them)

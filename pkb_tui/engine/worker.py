@@ -74,10 +74,10 @@ MAX_ROUNDS = 40
 # block, ~100 s of timing per item at 3 blocks a round).
 BLOCKS_PER_ROUND = {"cuda": 1, "cpu": 2}
 # Calls alone (timing.batched) per variant a round, the round's figure their statistic. On a GPU
-# one was not enough: a call alone is ~130 us of hand-off around a few us of work, and with one a
-# round the batching fixture's speedup alone read [0.56, 2.67] after 13 rounds (H100, 2026-12-06),
-# too wide to fail it (4.1x in blocks); each costs ~0.5 ms. cpu: as its blocks (gloo's calls alone
-# cost ms each on the 2-core box).
+# one was not enough: beyond the null, the baseline's call alone read 130-230 us and the candidates'
+# 0-35 us (H100, 2026-12-06), and with one a round the batching fixture's speedup alone read
+# [0.56, 2.67] after 13 rounds, too wide to fail it (4.1x in blocks); with five, [0.81, 1.00] on the
+# H200. cpu: as its blocks (gloo's calls alone cost ms each on the 2-core box).
 SINGLES_PER_ROUND = {"cuda": 5, "cpu": 2}
 TIMING_BUDGET_S = {"cuda": 30.0, "cpu": 20.0}  # adaptive rounds stop here (engine.stats.next_round_needed)
 # cpu: at most 16. The judges compute every timed call's expected outputs with collectives of their
