@@ -12,6 +12,9 @@ Parts (each one or two CLI launches; the figures come from the batches' own even
                median by its length within max(1 us, 3%). A clone-only candidate and the small
                all_reduce baseline against their profiled kernel time (within 2 us).
   selfcheck    every task's baseline against itself, nccl x1 default: how many medians within 3%.
+  gate         the GPU gate (engine.gate): runners that signal the end of a graph block before its
+               work, start it before the judge's go, or never signal its end (all must fail), and an
+               honest model (must pass), all_reduce small, nccl x1, the graph figure as the basis.
   batching     honest models (torch-p2p, handwritten-cuda) and adversarial/batch-calls, the eight
                collectives, nccl x1 small and default: speedup in blocks against one call at a time.
   faults       GPU faults in candidates (tests/fixtures/gpu-faults) and an honest model after them;
@@ -170,6 +173,27 @@ def part_batching(out: Path, report: dict) -> None:
               f"{statistics.median(gaps):.2f}) over {len(gaps)}; failed by the check: "
               f"{sum(1 for r in honest if 'timing inconsistent' in r['detail'])}")
     report["batching"] = rows
+
+
+def part_gate(out: Path, report: dict) -> None:
+    fixtures = ["gate-early-done", "gate-no-wait", "gate-no-done"]
+    models = ",".join([*(str(ROOT / "tests" / "fixtures" / "adversarial" / f) for f in fixtures), "torch-p2p"])
+    doc, events = cli(out, "gate", ["--task", "all_reduce", "--model", models, "--world-size", "1", "--mode", "nccl",
+                                    "--size", "small", "--trials", "1", "--no-profile", "--timeout", "60",
+                                    "--speedup-basis", "graph"], timeout_s=400)
+    runs = runs_by_model(doc)
+    rows = []
+    for item, slot in sorted(events.items()):
+        model = Path(slot.get("model", "?")).name
+        run = runs.get(slot.get("model")) or runs.get(model) or {}
+        rows.append({"model": model, "status": run.get("status"), "speedup": run.get("speedup"),
+                     "baseline_graph_us": figure(events, item, "baseline", "graph"),
+                     "candidate_graph_us": figure(events, item, "candidate", "graph"),
+                     "detail": (run.get("status_detail") or "")[:160]})
+        print("  ", json.dumps(rows[-1]))
+    gate_notes = sorted({str(n) for r in (doc or {}).get("runs", []) for n in (r.get("notes") or []) if "gate" in str(n)})
+    print(f"  gate notes: {gate_notes or 'none (the gate was on)'}")
+    report["gate"] = {"rows": rows, "notes": gate_notes}
 
 
 def _interval(baseline: Any, candidate: Any) -> list[float] | None:
@@ -466,6 +490,8 @@ def main() -> int:
                 part_faults(out, report)
             elif part == "batching":
                 part_batching(out, report)
+            elif part == "gate":
+                part_gate(out, report)
         except Exception as exc:  # noqa: BLE001 - one part failing must not hide the others' figures
             print(f"  part {part} failed: {type(exc).__name__}: {exc}")
             report[part] = {"error": str(exc)}

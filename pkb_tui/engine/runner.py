@@ -301,6 +301,8 @@ class Runner:
             from pkb_tui.engine.compare import poison_free_memory
 
             poison_free_memory(int(command["poison"]), self.device)
+        if how in ("graph", "graph-null") and command.get("gate"):
+            return self._run_gated(null, int(command["gate"]), captured)
         issues: list[str | None] = [None] * len(self.inputs)
         leaves: list[list[Any]] = [[] for _ in self.inputs]
         if on_gpu:
@@ -334,6 +336,21 @@ class Runner:
         if any(leaves):
             reply["leaves"] = leaves
         return reply
+
+    def _run_gated(self, null: bool, seq: int, captured: bool) -> dict[str, Any]:
+        """A graph block the judge times on the GPU (engine.gate): the replay enqueued between the
+        judge's go flag and this runner's done flag, a first answer as soon as it is enqueued (the
+        judge then enqueues the window's end and lets it run), the second once it has run."""
+        from pkb_tui.engine import channel, gate
+
+        stream = gate.stream_handle(self.torch.cuda.current_stream(self.device))
+        base = self.arena.data_ptr()
+        gate.wait(stream, base + gate.GO_OFFSET, seq)
+        self.graphs[null].replay()
+        gate.write(stream, base + gate.DONE_OFFSET, seq)
+        channel.send(self.write_fd, {"ok": True, "gated": True, "captured": captured})
+        self._cuda_synchronize(self.device)
+        return {"ok": True, "gated": True}
 
     def op_profile(self, command: dict[str, Any]) -> dict[str, Any]:
         from collectors.profiler import profile_kernels

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from collectors.counters import combine_phases
-from pkb_tui.engine import channel, forkserver, limits, placement, procs, sandbox, stats, unix_sockets
+from pkb_tui.engine import channel, forkserver, gate, limits, placement, procs, sandbox, stats, unix_sockets
 from pkb_tui.engine import events as ev
 from pkb_tui.engine.compare import (
     Comparison,
@@ -236,33 +236,47 @@ class RunnerProcess:
                     return answer
             elif spin_s > 0:
                 channel.spin_until_readable(self.from_runner, spin_s)
-            while True:
-                left = deadline - _monotonic()
-                if left <= 0:
-                    raise CandidateFailure("timeout", f"the {self.label} did not answer within its timeout on rank {self.judge.rank}")
-                # With a bell the answer can come there: look at it every 0.2 ms (a judge has its own core).
-                ready, _, _ = select.select([self.from_runner], [], [], min(0.0002 if bell is not None else 0.2, left))
-                if ready:
-                    return channel.receive(self.from_runner, deadline)
-                if bell is not None:
-                    answer = bell.take(channel.TO_JUDGE, last)
-                    if answer is not None:
-                        return answer
-                code = self.proc.poll()
-                if code is not None:
-                    raise CandidateFailure("error", self._exited(code))
-                if abort is not None and abort():
-                    raise CandidateFailure("error", "stopped: another rank's runner failed")
+            return self._answer(deadline, abort, bell, last)
         except channel.ChannelError as exc:
-            try:  # a closed pipe usually means the process is on its way out: get its exit code
-                code = self.proc.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                code = None
+            raise self._channel_failure(exc) from exc
+
+    def answer(self, deadline: float, abort: Any = None) -> dict[str, Any]:
+        """The runner's next message on the pipe, with no command sent (the second answer of a
+        gated graph block, engine.gate); CandidateFailure when there is none."""
+        try:
+            return self._answer(deadline, abort, None, 0)
+        except channel.ChannelError as exc:
+            raise self._channel_failure(exc) from exc
+
+    def _answer(self, deadline: float, abort: Any, bell: Any, last: int) -> dict[str, Any]:
+        while True:
+            left = deadline - _monotonic()
+            if left <= 0:
+                raise CandidateFailure("timeout", f"the {self.label} did not answer within its timeout on rank {self.judge.rank}")
+            # With a bell the answer can come there: look at it every 0.2 ms (a judge has its own core).
+            ready, _, _ = select.select([self.from_runner], [], [], min(0.0002 if bell is not None else 0.2, left))
+            if ready:
+                return channel.receive(self.from_runner, deadline)
+            if bell is not None:
+                answer = bell.take(channel.TO_JUDGE, last)
+                if answer is not None:
+                    return answer
+            code = self.proc.poll()
             if code is not None:
-                raise CandidateFailure("error", self._exited(code)) from exc
-            if "deadline" in str(exc):
-                raise CandidateFailure("timeout", f"the {self.label} did not answer within its timeout on rank {self.judge.rank}") from exc
-            raise CandidateFailure("error", f"the {self.label} on rank {self.judge.rank} broke the protocol: {exc}") from exc
+                raise CandidateFailure("error", self._exited(code))
+            if abort is not None and abort():
+                raise CandidateFailure("error", "stopped: another rank's runner failed")
+
+    def _channel_failure(self, exc: channel.ChannelError) -> CandidateFailure:
+        try:  # a closed pipe usually means the process is on its way out: get its exit code
+            code = self.proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None:
+            return CandidateFailure("error", self._exited(code))
+        if "deadline" in str(exc):
+            return CandidateFailure("timeout", f"the {self.label} did not answer within its timeout on rank {self.judge.rank}")
+        return CandidateFailure("error", f"the {self.label} on rank {self.judge.rank} broke the protocol: {exc}")
 
     def first_message(self, deadline: float, abort: Any = None) -> dict[str, Any]:
         """The runner's first word (its process group is up), or ChannelError: not in time, it
@@ -385,6 +399,9 @@ class Rank:
         self._abort_epoch = 0
         self._flush: torch.Tensor | None = None
         self._probe: torch.Tensor | None = None
+        self.gate: gate.JudgeGate | None = None  # graph blocks timed on the GPU (engine.gate); None: host clock
+        self.gate_note: str | None = None  # why not, where a GPU has no gate
+        self.gate_stuck: str | None = None  # a window that never ended: this judge's GPU stream is held
         self._sampler = random.Random(secrets.randbits(64))  # which timed calls are judged one by one
 
     def _limits(self) -> limits.Limits:
@@ -555,6 +572,7 @@ class Rank:
         if backend == "nccl":
             dist.all_reduce(torch.zeros(1, device=self.device))
             torch.cuda.synchronize(self.device)
+        self._open_gate()
         # The batch's secret: inputs come from it; no runner ever sees it.
         secret = self.agree(secrets.randbits(62) if self.rank == 0 else None)[0]
         self.secret_seed = int(secret) ^ int(self.request.seed)
@@ -606,6 +624,26 @@ class Rank:
         except Exception:  # noqa: BLE001
             pass
         return 0
+
+    def _open_gate(self) -> None:
+        """The GPU gate where every judge's works (engine.gate; PKB_GPU_GATE=0 turns it off)."""
+        if self.device.type != "cuda":
+            return
+        judge_gate = None
+        if os.environ.get("PKB_GPU_GATE", "1") == "0":
+            why: str | None = "PKB_GPU_GATE=0"
+        else:
+            try:
+                judge_gate = gate.JudgeGate(self.device)
+                why = judge_gate.self_test()
+            except Exception as exc:  # noqa: BLE001 - no gate is a note, not a failure
+                why = f"{type(exc).__name__}: {exc}"
+        whys = [w for w in self.agree(why) if w]
+        if whys:
+            self.gate_note = (f"graph figures on the judge's host clock, pipe hand-offs included: the GPU gate "
+                              f"is off ({whys[0]})")
+        else:
+            self.gate = judge_gate
 
     def _end_runners(self) -> None:
         if self.baseline_runner is not None:
@@ -684,6 +722,8 @@ class Rank:
             notes.append(f"shared-gpu mode: {self.world_size} ranks on one GPU (MPS {mps}); timings do not represent an interconnect")
         if self.mode == "cpu":
             notes.append("cpu: for development, not a measurement (gloo on CPU tensors)")
+        if self.gate_note:
+            notes.append(self.gate_note)
         notes.append(_candidate_sandbox_note(self.world_size))
         notes.append(f"limits per candidate and rank: {self.limits.describe()}, the first and last "
                      f"{limits.OUTPUT_HALF_BYTES // 2**20} MiB of its output kept")
@@ -891,6 +931,8 @@ class Rank:
         fault among its clients; a context that saw one is never reused (issue 13, item 5)."""
         if self.device.type != "cuda":
             return None
+        if self.gate_stuck:  # a synchronize would wait for the held stream for ever
+            return self.gate_stuck
         try:
             torch.empty(1, device=self.device).fill_(0.0)
             torch.cuda.synchronize(self.device)
@@ -998,7 +1040,10 @@ class Rank:
 
         Returns the block as the judge timed it, the outputs (values read from the arena, or the
         runner's sentence when they broke the contract) and the runner's reply."""
-        layout = channel.Layout()
+        # A graph block on a GPU is timed by the judge's own events on the GPU (engine.gate), its
+        # flags in the arena's first bytes.
+        judge_gate = self.gate if how.startswith("graph") else None
+        layout = channel.Layout(gate.GATE_BYTES if self.device.type == "cuda" else 0)
         in_specs = [layout.place(x) for x in inputs]
         out_start = layout.end
         out_specs = [layout.place(e) for e in expected]
@@ -1039,10 +1084,15 @@ class Rank:
         if failure is None:
             try:
                 arena = runner.arena.tensor
-                for value, spec in zip(inputs, in_specs):
-                    channel.write(value, spec, arena)
-                arena[out_start:layout.end].fill_(0xFF)  # poison: a slot the runner never writes reads NaN
-                self._flush_l2()
+                if judge_gate is not None:  # staged: they reach the arena inside the window (engine.gate)
+                    staged = judge_gate.stage(arena, layout.end)
+                    for value, spec in zip(inputs, in_specs):
+                        channel.write(value, spec, staged)
+                else:
+                    for value, spec in zip(inputs, in_specs):
+                        channel.write(value, spec, arena)
+                    arena[out_start:layout.end].fill_(0xFF)  # poison: a slot the runner never writes reads NaN
+                    self._flush_l2()
                 self._sync()
             except CandidateFailure as exc:
                 failure = exc
@@ -1056,6 +1106,21 @@ class Rank:
             self.barrier()
         wall_us = 0.0
         t_back = 0
+        if judge_gate is not None:
+            block, reply = self._gated_block(judge_gate, runner, failure, out_start, layout.end, len(inputs), how, deadline, abort)
+            if reply.get("graph_error"):
+                return block, [], reply
+            if reply.get("captured") and not _recaptured:  # its time holds the capture: time a replay
+                return self._call(runner, inputs, expected, how, deadline, abort, check=check, poison=poison,
+                                  timed=timed, counters=counters, idle_check=idle_check, _recaptured=True)
+            snapshot = judge_gate.outputs()
+            judged: list[Any] = []
+            for spec in out_specs:
+                try:
+                    judged.append(_build_output(spec, snapshot, None))
+                except (channel.ChannelError, TypeError, ValueError, IndexError) as exc:
+                    judged.append(f"outputs unreadable: {exc}")
+            return block, judged, reply
         if failure is None:
             if counters is not None:
                 counters.start()
@@ -1116,6 +1181,93 @@ class Rank:
         except (KeyError, TypeError, ValueError):
             pass
         return block, outputs, reply
+
+    def _gated_block(self, gate_: gate.JudgeGate, runner: RunnerProcess, failure: CandidateFailure | None, out_start: int, end: int,
+                     calls: int, how: str, deadline: float, abort: Any) -> tuple[Block, dict[str, Any]]:
+        """A graph block timed on the GPU between the judge's own events (engine.gate). The inputs
+        are staged in the judge's mirror; the runner (awake, past the barrier) enqueues its replay
+        between the flags and answers; the judges agree (every rank's window enqueued) and release
+        their flags at once; the runner answers again once the block has run. Every judge goes
+        through the same collectives whatever happened, and a window is never left held: a failure
+        releases both flags, and a runner that does not let the window end is ended."""
+        window = None
+        reply: dict[str, Any] = {}
+        if failure is None:
+            # Nothing may allocate while the window is held: freeing cached memory to make room
+            # synchronizes the device, and would wait for the held stream for ever.
+            self._l2_flush_buffer()
+            window = gate_.open(runner.arena.tensor, out_start, end, self._flush_l2)
+            try:
+                reply = runner.request({"op": "run", "how": how, "gate": window.seq}, deadline, abort)
+                _expect_ok(reply, runner.label)
+                if not reply.get("gated") and not reply.get("graph_error"):
+                    raise CandidateFailure("failed" if runner.label == "candidate" else "error",
+                                           f"timing tampered: the {runner.label}'s runner on rank {self.rank} answered a "
+                                           "graph block without timing it through the GPU gate")
+            except CandidateFailure as exc:
+                failure = exc
+                self._signal_abort(self.current_item)
+            gate_.close(window)
+        graph_error = str(reply["graph_error"])[:300] if reply.get("graph_error") else None
+        agreed = self.agree(((failure.status, failure.message) if failure else None, bool(reply.get("captured")),
+                             graph_error))
+        # Every window is enqueued on every rank: let them run together.
+        ends_alone = any(f or g for f, _, g in agreed)
+        late: CandidateFailure | None = None
+        if window is not None:
+            gate_.release(window, done_too=ends_alone)
+            if not ends_alone:
+                try:
+                    second = runner.answer(deadline, abort)  # the runner's stream has run
+                    _expect_ok(second, runner.label)
+                except CandidateFailure as exc:
+                    late = exc
+                    self._signal_abort(self.current_item)
+            late = self._end_window(gate_, window, runner, late)
+        agreed_late = self.agree((late.status, late.message) if late else None)
+        runner.pause()
+        failures = sorted([f for f, _, _ in agreed if f] + [f for f in agreed_late if f], key=_failure_order)
+        if failures:
+            self._abort_epoch += 1
+            raise CandidateFailure(*failures[0])
+        graph_errors = [g for _, _, g in agreed if g]
+        if graph_errors:
+            return Block(0.0, 0.0, 0), {"ok": True, "graph_error": graph_errors[0]}
+        assert window is not None
+        gpu_us = gate_.elapsed_us(window)
+        return Block(gpu_us, gpu_us, calls), {**reply, "captured": any(c for _, c, _ in agreed)}
+
+    def _end_window(self, gate_: gate.JudgeGate, window: gate.Window, runner: RunnerProcess,
+                    failure: CandidateFailure | None) -> CandidateFailure | None:
+        """Wait for the window's end event, once the runner has said its stream has run (``failure``
+        None) or failed (the judge then writes both flags itself). A window that has not ended
+        IDLE_SETTLE_S later (a runner that never writes ``done``, or holds ``go`` down) ends the
+        runner's processes, and the judge writes both flags again; one still held after that leaves
+        this judge's GPU stream stuck, and the launch ends before the next item (_context_lost)."""
+        if failure is not None:
+            gate_.release(window, done_too=True)
+        settle = _monotonic() + IDLE_SETTLE_S
+        while not gate_.ended(window):
+            if _monotonic() > settle:
+                break
+            time.sleep(0.0001)
+        else:
+            return failure
+        if failure is None:
+            failure = CandidateFailure(
+                "failed" if runner.label == "candidate" else "error",
+                f"timing tampered: the {runner.label}'s runner on rank {self.rank} said its graph block had run but "
+                f"never signalled its end (the GPU gate's done flag) within {IDLE_SETTLE_S:g} s")
+            self._signal_abort(self.current_item)
+        self._kill_candidate(runner)
+        gate_.release(window, done_too=True)
+        settle = _monotonic() + IDLE_SETTLE_S
+        while not gate_.ended(window):
+            if _monotonic() > settle:
+                self.gate_stuck = "a gated graph block's window did not end once its runner was killed"
+                break
+            time.sleep(0.001)
+        return failure
 
     def _stream_round(self, item: RunItem, series: dict) -> None:
         """The round just timed, per variant, for the Live screen (judge 0's own figures)."""
@@ -1306,7 +1458,12 @@ class Rank:
             most = MAX_GRAPH_CALLS_PER_BLOCK if how == "graph" else MAX_CALLS_PER_BLOCK[kind]
             calls_for[how] = int(max(1, min(calls_by_memory, most,
                                             math.ceil(TARGET_BLOCK_US[kind] / max(max(seen), 0.5)))))
-        calls = max(calls_for.values())  # fresh inputs per round: enough for the longest block
+        # Fresh inputs per round, each method's block its own: a graph block on the inputs the same
+        # runner's eager block had just been given could replay results it kept from them.
+        first_call: dict[str, int] = {}
+        calls = 0
+        for how in methods:
+            first_call[how], calls = calls, calls + calls_for[how]
         per_round_singles = calls_for["eager"] > 1  # (a block of one call is its own single)
         per_round = BLOCKS_PER_ROUND[kind]
         least_rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(req.iterations / (calls_for["eager"] * per_round)))))
@@ -1331,24 +1488,24 @@ class Rank:
                                 continue
                             if nic is not None and how == "eager":
                                 nic[variant].begin()
-                            n = calls_for[how]
+                            calls_of = slice(first_call[how], first_call[how] + calls_for[how])
                             block, outputs, reply = self._call(
-                                runner, inputs[:n], expected[:n], how, deadline, abort, timed=True,
+                                runner, inputs[calls_of], expected[calls_of], how, deadline, abort, timed=True,
                                 counters=counters[variant] if how == "eager" else None,
                                 idle_check=candidate if candidate_ok else None)
                             if nic is not None and how == "eager":
-                                nic[variant].end(n)
+                                nic[variant].end(calls_for[how])
                             if how == "eager" and counters[variant] is not None:
-                                phases[variant].append(counters[variant].stop(n))
+                                phases[variant].append(counters[variant].stop(calls_for[how]))
                             if reply.get("graph_error"):
                                 series[(variant, how)].note = str(reply["graph_error"])[:300]
                                 continue
                             series[(variant, how)].rounds[-1].append(block)
                             if variant == "candidate" and wrong is None:
-                                wrong = check_timed(outputs, expected[:n], truths[:n], rule, round_index, self._sampler)
+                                wrong = check_timed(outputs, expected[calls_of], truths[calls_of], rule, round_index, self._sampler)
                             if variant == "baseline" and null_blocks:
                                 null_how = "null" if how == "eager" else "graph-null"
-                                null_block, _, null_reply = self._call(runner, inputs[:n], expected[:n], null_how,
+                                null_block, _, null_reply = self._call(runner, inputs[calls_of], expected[calls_of], null_how,
                                                                        deadline, abort, timed=True)
                                 if not null_reply.get("graph_error"):
                                     series[("baseline", null_how)].rounds[-1].append(null_block)
@@ -1566,10 +1723,13 @@ class Rank:
         """Evict the inputs the judge just wrote from L2, so every timed call reads them cold."""
         if self.device.type != "cuda":
             return
+        self._l2_flush_buffer().fill_(0)
+
+    def _l2_flush_buffer(self) -> torch.Tensor:
         if self._flush is None:
             l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 50 * 2**20)
             self._flush = torch.empty(2 * l2, dtype=torch.uint8, device=self.device)
-        self._flush.fill_(0)
+        return self._flush
 
 
 def await_idle_gpu(probe_us: Any, stop_candidate: Any, *, wait_s: float = IDLE_WAIT_S,
