@@ -6,10 +6,13 @@ model) item, which is the only process that ever imports candidate code. The run
 variant form a process group of their own (the candidate's collectives run there). A runner takes
 commands from its judge and answers over the two pipes of engine.channel; inputs and outputs live
 in the judge's arena. Everything a runner says is untrusted by the judge: it reads outputs from
-the arena itself and times blocks with its own clock. This module only serves the honest case well
+the arena itself (a gated graph block's from its own snapshot) and times blocks with its own
+clock (a graph block's on the GPU, with its own events). This module only serves the honest case well
 (the same code times the baseline and the candidate, so its overhead falls on both alike).
 
-Commands (JSON): load, arena, prepare, run (eager | graph | null), profile, exit.
+Commands (JSON): load, arena, prepare, run (eager | graph | null), profile, exit. A graph "run"
+with a ``gate`` is timed on the GPU by the judge (engine.gate): its replay is enqueued between the
+judge's flags and answered twice, once enqueued and once it has run.
 """
 
 from __future__ import annotations
