@@ -5,6 +5,10 @@
 #   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults, batching check,
 #   self-check of every task); JUDGE_PARTS picks its parts (default all).
 #   soak: bench/soak.py on this box's GPU (SOAK_MINUTES, default 3), its database copied to $OUT.
+#   gate: the GPU gate (engine.gate, PKB_GPU_GATE=1): judge_gpu_check's gate part (fixtures), then
+#   one task whose baseline hung in a gated block on the H100 (GATE_TASK, default dp_int8_allreduce)
+#   with every step traced (PKB_GATE_TRACE=1; the lines from its logs under $OUT/pkb-runs), then the
+#   self-check of every task with the gate (PKB_GPU_GATE=1, its database kept as $OUT/gate_selfcheck.db).
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
 #   RUN_LOCAL_FROM/RUN_LOCAL_MAX/PKB_TUI_SKIP as that script reads them.
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
@@ -75,6 +79,20 @@ for section in $sections; do
     timeout $(( ${SOAK_MINUTES:-3} * 60 + 120 )) $PY bench/soak.py --mode nccl --world-size 1 --runs 1000 --timeout 10 \
       --max-minutes "${SOAK_MINUTES:-3}" --workdir /tmp/pkb-soak 2>&1 | tee "$OUT/soak.txt" | tail -40
     cp /tmp/pkb-soak/runs.db "$OUT/soak_runs.db" 2>/dev/null
+    ;;
+  gate)
+    echo "=== the GPU gate: fixtures"
+    timeout 200 $PY bench/judge_gpu_check.py --out "$OUT" --parts gate 2>&1 | tail -12
+    echo "=== the GPU gate: ${GATE_TASK:-dp_int8_allreduce}, traced"
+    PKB_GPU_GATE=1 PKB_GATE_TRACE=1 timeout 120 $PY -m pkb_tui.cli --db "$OUT/gate_trace.db" run --task "${GATE_TASK:-dp_int8_allreduce}" \
+      --model baseline --world-size 1 --mode nccl --size small --trials 1 --no-profile --timeout 40 --speedup-basis graph \
+      --json >"$OUT/gate_trace.json" 2>"$OUT/gate_trace.err"
+    echo "exit $?"; grep -h "pkb gate" -r "$OUT/pkb-runs" "$OUT/gate_trace.err" | sort -k3 -n | tail -40
+    echo "=== the GPU gate: self-check of every task"
+    PKB_GPU_GATE=1 timeout "${GATE_SELFCHECK_S:-450}" $PY -m pkb_tui.cli --db "$OUT/gate_selfcheck.db" run --task all --model baseline \
+      --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 --speedup-basis graph \
+      --json >"$OUT/gate_selfcheck.json" 2>"$OUT/gate_selfcheck.err"
+    echo "exit $?"; $PY bench/summarize_runs.py "$OUT/gate_selfcheck.json" 2>&1 | tail -40
     ;;
   pkb)
     echo "=== ParallelKernelBench against run_local.py (bench/pkb_compare.sh)"

@@ -12,7 +12,7 @@ Parts (each one or two CLI launches; the figures come from the batches' own even
                median by its length within max(1 us, 3%). A clone-only candidate and the small
                all_reduce baseline against their profiled kernel time (within 2 us).
   selfcheck    every task's baseline against itself, nccl x1 default: how many medians within 3%.
-  gate         the GPU gate (engine.gate): runners that signal the end of a graph block before its
+  gate         the GPU gate (engine.gate, switched on for this part): runners that signal the end of a graph block before its
                work, start it before the judge's go, or never signal its end (all must fail), and an
                honest model (must pass), all_reduce small, nccl x1, the graph figure as the basis.
   batching     honest models (torch-p2p, handwritten-cuda) and adversarial/batch-calls, the eight
@@ -48,10 +48,12 @@ ATTACKS = ["patch-judge", "gc-scavenge", "seed-rebuild", "memo-address", "count-
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def cli(out: Path, name: str, args: list[str], timeout_s: float = 400) -> tuple[dict | None, dict[int, dict]]:
+def cli(out: Path, name: str, args: list[str], timeout_s: float = 400, env_extra: dict[str, str] | None = None
+        ) -> tuple[dict | None, dict[int, dict]]:
     """One `pkb-tui run --json`; returns its JSON and, per item, the events of its batch."""
     db = out / f"{name}.db"
-    env = {**os.environ, **SAFE_ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, **SAFE_ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           **(env_extra or {})}
     started = time.monotonic()
     with open(out / f"{name}.err", "w") as err:
         proc = subprocess.run([sys.executable, "-m", "pkb_tui.cli", "--db", str(db), "run", *args, "--json"],
@@ -180,7 +182,7 @@ def part_gate(out: Path, report: dict) -> None:
     models = ",".join([*(str(ROOT / "tests" / "fixtures" / "adversarial" / f) for f in fixtures), "torch-p2p"])
     doc, events = cli(out, "gate", ["--task", "all_reduce", "--model", models, "--world-size", "1", "--mode", "nccl",
                                     "--size", "small", "--trials", "1", "--no-profile", "--timeout", "60",
-                                    "--speedup-basis", "graph"], timeout_s=400)
+                                    "--speedup-basis", "graph"], timeout_s=400, env_extra={"PKB_GPU_GATE": "1"})
     runs = runs_by_model(doc)
     rows = []
     for item, slot in sorted(events.items()):

@@ -30,12 +30,17 @@ The flags live in the first ``GATE_BYTES`` of the arena (judge-owned memory, map
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
+import time
 from typing import Any
 
 GATE_BYTES = 256  # the arena's first bytes: the go flag at 0, the done flag at 4
 GO_OFFSET = 0
 DONE_OFFSET = 4
 _WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ (cyclic comparison: (int32)(*addr - value) >= 0)
+
+TRACE = os.environ.get("PKB_GATE_TRACE") == "1"  # each step of each gated block to the process's log
 
 _driver: Any = None
 _unavailable: str | None = None
@@ -88,6 +93,12 @@ def write(stream_handle: int, address: int, value: int) -> None:
     work is done (with a memory barrier: that work's writes are visible first)."""
     _, write_fn = _functions()
     _check(write_fn(ctypes.c_void_p(stream_handle), address, value & 0xFFFFFFFF, 0), "cuStreamWriteValue32")
+
+
+def trace(who: str, step: str, seq: int) -> None:
+    """One line per step of a gated block (PKB_GATE_TRACE=1): where a block that never ends stopped."""
+    if TRACE:
+        print(f"pkb gate {time.monotonic():.6f} {who} seq {seq}: {step}", file=sys.stderr, flush=True)
 
 
 def stream_handle(stream: Any) -> int:

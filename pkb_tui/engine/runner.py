@@ -346,13 +346,17 @@ class Runner:
         judge then enqueues the window's end and lets it run), the second once it has run."""
         from pkb_tui.engine import channel, gate
 
+        who = f"runner rank {self.rank}"
         stream = gate.stream_handle(self.torch.cuda.current_stream(self.device))
         base = self.arena.data_ptr()
+        gate.trace(who, f"enqueueing (captured now: {captured})", seq)
         gate.wait(stream, base + gate.GO_OFFSET, seq)
         self.graphs[null].replay()
         gate.write(stream, base + gate.DONE_OFFSET, seq)
         channel.send(self.write_fd, {"ok": True, "gated": True, "captured": captured})
+        gate.trace(who, "enqueued, first answer sent; synchronizing", seq)
         self._cuda_synchronize(self.device)
+        gate.trace(who, "stream has run", seq)
         return {"ok": True, "gated": True}
 
     def op_profile(self, command: dict[str, Any]) -> dict[str, Any]:
