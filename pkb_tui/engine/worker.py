@@ -1464,7 +1464,12 @@ class Rank:
             calls_for[how] = int(max(1, min(calls_by_memory, most,
                                             math.ceil(TARGET_BLOCK_US[kind] / max(max(seen), 0.5)))))
         # Fresh inputs per round, each method's block its own: a graph block on the inputs the same
-        # runner's eager block had just been given could replay results it kept from them.
+        # runner's eager block had just been given could replay results it kept from them. Together
+        # they stay within the memory one block was allowed (the judge holds a round's inputs, its
+        # expected outputs and their float64 truths).
+        if sum(calls_for.values()) > calls_by_memory:
+            share = calls_by_memory / sum(calls_for.values())
+            calls_for = {how: max(1, int(n * share)) for how, n in calls_for.items()}
         first_call: dict[str, int] = {}
         calls = 0
         for how in methods:
