@@ -628,7 +628,7 @@ class Rank:
     def _open_gate(self) -> None:
         """The GPU gate where it is asked for (PKB_GPU_GATE=1) and every judge's works (engine.gate).
         Off by default: on the H100 (2026-12-06) 10 of the 29 capturable tasks' baselines hung in
-        their first gated block (the small collectives ran, within 3%); not diagnosed yet."""
+        their first timed round (the small collectives ran, within 3%); not diagnosed yet."""
         if self.device.type != "cuda" or os.environ.get("PKB_GPU_GATE", "0") != "1":
             return
         judge_gate = None
