@@ -287,25 +287,18 @@ class Runner:
         self.check_mode = command.get("check")
         on_gpu = self.device.type == "cuda"
         null = how in ("null", "graph-null")
-        if null and not self.null_outputs:
-            from pkb_tui.engine.compare import clone_value
-
-            self.null_outputs = [clone_value(self._slot_outputs(i)) for i in range(len(self.inputs))]
+        self._keep_null_outputs(null)
         captured = False
         if how in ("graph", "graph-null"):
-            if not on_gpu:
-                return {"ok": True, "graph_error": "no CUDA graphs off the GPU"}
-            if null not in self.graphs:
-                error = self._capture(null)
-                if error:
-                    return {"ok": True, "graph_error": error}
-                captured = True
+            if command.get("gate"):  # captured beforehand (op_capture): only the replay is enqueued
+                return self._run_gated(null, int(command["gate"]))
+            error, captured = self._graph_for(null)
+            if error:
+                return {"ok": True, "graph_error": error}
         if command.get("poison"):
             from pkb_tui.engine.compare import poison_free_memory
 
             poison_free_memory(int(command["poison"]), self.device)
-        if how in ("graph", "graph-null") and command.get("gate"):
-            return self._run_gated(null, int(command["gate"]), captured)
         issues: list[str | None] = [None] * len(self.inputs)
         leaves: list[list[Any]] = [[] for _ in self.inputs]
         if on_gpu:
@@ -340,7 +333,30 @@ class Runner:
             reply["leaves"] = leaves
         return reply
 
-    def _run_gated(self, null: bool, seq: int, captured: bool) -> dict[str, Any]:
+    def op_capture(self, command: dict[str, Any]) -> dict[str, Any]:
+        """The graph of the prepared block captured, if it is not yet (before a gated run, whose
+        answer must come as soon as the replay is enqueued)."""
+        null = command.get("how") == "graph-null"
+        self._keep_null_outputs(null)
+        error, captured = self._graph_for(null)
+        return {"ok": True, "graph_error": error} if error else {"ok": True, "captured": captured}
+
+    def _keep_null_outputs(self, null: bool) -> None:
+        if null and not self.null_outputs:
+            from pkb_tui.engine.compare import clone_value
+
+            self.null_outputs = [clone_value(self._slot_outputs(i)) for i in range(len(self.inputs))]
+
+    def _graph_for(self, null: bool) -> tuple[str | None, bool]:
+        """(why there is no graph, or None; whether it was captured just now)."""
+        if self.device.type != "cuda":
+            return "no CUDA graphs off the GPU", False
+        if null in self.graphs:
+            return None, False
+        error = self._capture(null)
+        return error, error is None
+
+    def _run_gated(self, null: bool, seq: int) -> dict[str, Any]:
         """A graph block the judge times on the GPU (engine.gate): the replay enqueued between the
         judge's go flag and this runner's done flag, a first answer as soon as it is enqueued (the
         judge then enqueues the window's end and lets it run), the second once it has run."""
@@ -349,11 +365,14 @@ class Runner:
         who = f"runner rank {self.rank}"
         stream = gate.stream_handle(self.torch.cuda.current_stream(self.device))
         base = self.arena.data_ptr()
-        gate.trace(who, f"enqueueing (captured now: {captured})", seq)
+        graph = self.graphs.get(null)
+        if graph is None:
+            return {"ok": False, "error": "no graph was captured for this block (the judge sends capture before a gated run)"}
+        gate.trace(who, "enqueueing", seq)
         gate.wait(stream, base + gate.GO_OFFSET, seq)
-        self.graphs[null].replay()
+        graph.replay()
         gate.write(stream, base + gate.DONE_OFFSET, seq)
-        channel.send(self.write_fd, {"ok": True, "gated": True, "captured": captured})
+        channel.send(self.write_fd, {"ok": True, "gated": True})
         gate.trace(who, "enqueued, first answer sent; synchronizing", seq)
         self._cuda_synchronize(self.device)
         gate.trace(who, "stream has run", seq)

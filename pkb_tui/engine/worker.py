@@ -113,6 +113,7 @@ TIMED_SAMPLE = 8  # timed calls per block also judged one by one (a secret sampl
 IDLE_PROBE_US = 1_000.0
 IDLE_WAIT_S = 0.5
 IDLE_SETTLE_S = 2.0
+GATE_ENQUEUE_S = 5.0  # a gated run's first answer (its replay enqueued, engine.gate) comes within this
 GPU_BUSY = "the GPU stayed busy with work that is not this run's"
 TRACE_MAX_BYTES = 256 * 2**20  # a profiler trace larger than this stays in the runner's scratch (and goes with it)
 STACK_ELEMENTS = 1 << 25  # timed outputs judged together at most (engine.compare holds float64 copies)
@@ -1109,9 +1110,6 @@ class Rank:
             block, reply = self._gated_block(judge_gate, runner, failure, out_start, layout.end, len(inputs), how, deadline, abort)
             if reply.get("graph_error"):
                 return block, [], reply
-            if reply.get("captured") and not _recaptured:  # its time holds the capture: time a replay
-                return self._call(runner, inputs, expected, how, deadline, abort, check=check, poison=poison,
-                                  timed=timed, counters=counters, idle_check=idle_check, _recaptured=True)
             snapshot = judge_gate.outputs()
             judged: list[Any] = []
             for spec in out_specs:
@@ -1183,64 +1181,92 @@ class Rank:
 
     def _gated_block(self, gate_: gate.JudgeGate, runner: RunnerProcess, failure: CandidateFailure | None, out_start: int, end: int,
                      calls: int, how: str, deadline: float, abort: Any) -> tuple[Block, dict[str, Any]]:
-        """A graph block timed on the GPU between the judge's own events (engine.gate). The inputs
-        are staged in the judge's mirror; the runner (awake, past the barrier) enqueues its replay
-        between the flags and answers; the judges agree (every rank's window enqueued) and release
-        their flags at once; the runner answers again once the block has run. Every judge goes
-        through the same collectives whatever happened, and a window is never left held: a failure
-        releases both flags, and a runner that does not let the window end is ended."""
-        window = None
-        reply: dict[str, Any] = {}
+        """A graph block timed on the GPU between the judge's own events (engine.gate). The runner
+        (awake, past the barrier) captures its graph if it has none for this block (the judges
+        agree on that first); the inputs are staged in the judge's mirror; the runner enqueues its
+        replay between the flags and answers; the judges agree (every rank's window enqueued) and
+        release their flags at once; the runner answers again once the block has run. Every judge
+        goes through the same collectives whatever happened, and a window is never left held: a
+        failure releases both flags, and a runner that does not let the window end is ended."""
+        who = f"judge rank {self.rank} ({runner.label})"
+        graph_error = None
         if failure is None:
-            # Nothing may allocate while the window is held: freeing cached memory to make room
-            # synchronizes the device, and would wait for the held stream for ever.
-            self._l2_flush_buffer()
-            window = gate_.open(runner.arena.tensor, out_start, end, self._flush_l2)
-            gate.trace(f"judge rank {self.rank} ({runner.label})", "window opened, asking the runner", window.seq)
             try:
-                reply = runner.request({"op": "run", "how": how, "gate": window.seq}, deadline, abort)
-                _expect_ok(reply, runner.label)
-                if not reply.get("gated") and not reply.get("graph_error"):
-                    raise CandidateFailure("failed" if runner.label == "candidate" else "error",
-                                           f"timing tampered: the {runner.label}'s runner on rank {self.rank} answered a "
-                                           "graph block without timing it through the GPU gate")
+                captured = runner.request({"op": "capture", "how": how}, deadline, abort)
+                _expect_ok(captured, runner.label)
+                graph_error = str(captured["graph_error"])[:300] if captured.get("graph_error") else None
             except CandidateFailure as exc:
                 failure = exc
                 self._signal_abort(self.current_item)
-            gate_.close(window)
-            gate.trace(f"judge rank {self.rank} ({runner.label})", f"first answer {'failed' if failure else 'in'}, "
-                                                                   "window closed", window.seq)
-        graph_error = str(reply["graph_error"])[:300] if reply.get("graph_error") else None
-        agreed = self.agree(((failure.status, failure.message) if failure else None, bool(reply.get("captured")),
-                             graph_error))
-        # Every window is enqueued on every rank: let them run together.
-        ends_alone = any(f or g for f, _, g in agreed)
+        agreed = self.agree(((failure.status, failure.message) if failure else None, graph_error))
+        self._raise_agreed(runner, [f for f, _ in agreed])
+        graph_errors = [g for _, g in agreed if g]
+        if graph_errors:  # one rank's runner could not capture: the method is off on every rank
+            runner.pause()
+            return Block(0.0, 0.0, 0), {"ok": True, "graph_error": graph_errors[0]}
+
+        # Nothing may allocate while the window is held: freeing cached memory to make room
+        # synchronizes the device, and would wait for the held stream for ever.
+        self._l2_flush_buffer()
+        window = gate_.open(runner.arena.tensor, out_start, end, self._flush_l2)
+        gate.trace(who, "window opened, asking the runner", window.seq)
+        stalled = None
+        try:
+            command = {"op": "run", "how": how, "gate": window.seq}
+            try:
+                reply = runner.request(command, min(deadline, _monotonic() + GATE_ENQUEUE_S), abort)
+            except CandidateFailure as exc:
+                if exc.status != "timeout" or _monotonic() >= deadline:
+                    raise
+                # Enqueueing a replay takes microseconds: a runner silent this long may be waiting
+                # for its own stream, which the gate holds. Released, it answers if so; the block
+                # then held host time and is not a figure.
+                gate_.release(window)
+                gate.trace(who, "no first answer: released early", window.seq)
+                reply = runner.answer(deadline, abort)
+                stalled = (f"not timed: the {runner.label}'s runner on rank {self.rank} enqueued its graph block only "
+                           f"once the GPU gate's go flag was released ({GATE_ENQUEUE_S:g} s without an answer)")
+            _expect_ok(reply, runner.label)
+            if not reply.get("gated"):
+                raise CandidateFailure("failed" if runner.label == "candidate" else "error",
+                                       f"timing tampered: the {runner.label}'s runner on rank {self.rank} answered a "
+                                       "graph block without timing it through the GPU gate")
+        except CandidateFailure as exc:
+            failure = exc
+            self._signal_abort(self.current_item)
+        gate_.close(window)
+        gate.trace(who, f"first answer {'failed' if failure else 'in'}, window closed", window.seq)
+        agreed_run = self.agree(((failure.status, failure.message) if failure else None, stalled))
+        failed_somewhere = any(f for f, _ in agreed_run)
+        # Every window is enqueued on every rank: let them run together (or end them, on a failure).
+        gate_.release(window, done_too=failed_somewhere)
+        gate.trace(who, f"released (done too: {failed_somewhere})", window.seq)
         late: CandidateFailure | None = None
-        if window is not None:
-            gate_.release(window, done_too=ends_alone)
-            gate.trace(f"judge rank {self.rank} ({runner.label})", f"released (done too: {ends_alone})", window.seq)
-            if not ends_alone:
-                try:
-                    second = runner.answer(deadline, abort)  # the runner's stream has run
-                    _expect_ok(second, runner.label)
-                except CandidateFailure as exc:
-                    late = exc
-                    self._signal_abort(self.current_item)
-            late = self._end_window(gate_, window, runner, late)
-            gate.trace(f"judge rank {self.rank} ({runner.label})", f"window ended ({late.message if late else 'ok'})",
-                       window.seq)
+        if not failed_somewhere:
+            try:
+                second = runner.answer(deadline, abort)  # the runner's stream has run
+                _expect_ok(second, runner.label)
+            except CandidateFailure as exc:
+                late = exc
+                self._signal_abort(self.current_item)
+        late = self._end_window(gate_, window, runner, late)
+        gate.trace(who, f"window ended ({late.message if late else 'ok'})", window.seq)
         agreed_late = self.agree((late.status, late.message) if late else None)
         runner.pause()
-        failures = sorted([f for f, _, _ in agreed if f] + [f for f in agreed_late if f], key=_failure_order)
-        if failures:
-            self._abort_epoch += 1
-            raise CandidateFailure(*failures[0])
-        graph_errors = [g for _, _, g in agreed if g]
-        if graph_errors:
-            return Block(0.0, 0.0, 0), {"ok": True, "graph_error": graph_errors[0]}
-        assert window is not None
+        self._raise_agreed(runner, [f for f, _ in agreed_run] + list(agreed_late))
+        stalls = [n for _, n in agreed_run if n]
+        if stalls:
+            return Block(0.0, 0.0, 0), {"ok": True, "graph_error": stalls[0]}
         gpu_us = gate_.elapsed_us(window)
-        return Block(gpu_us, gpu_us, calls), {**reply, "captured": any(c for _, c, _ in agreed)}
+        return Block(gpu_us, gpu_us, calls), {**reply, "captured": False}
+
+    def _raise_agreed(self, runner: RunnerProcess, failures: list[Any]) -> None:
+        """Raise the first of the ranks' agreed failures (the cause first), the runner stopped."""
+        found = sorted((f for f in failures if f), key=_failure_order)
+        if found:
+            runner.pause()
+            self._abort_epoch += 1
+            raise CandidateFailure(*found[0])
 
     def _end_window(self, gate_: gate.JudgeGate, window: gate.Window, runner: RunnerProcess,
                     failure: CandidateFailure | None) -> CandidateFailure | None:
