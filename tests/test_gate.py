@@ -60,3 +60,136 @@ def test_the_flags_sit_before_every_tensor_of_a_gpu_layout() -> None:
     layout = channel.Layout(gate.GATE_BYTES)
     spec = layout.place(torch.zeros(3))
     assert spec["t"][0] >= gate.GATE_BYTES > max(gate.GO_OFFSET, gate.DONE_OFFSET) + 4 - 1
+
+
+# ---------------------------------------------------------------- the judge's side of a gated block
+# Rank._gated_block with the GPU (the gate's flags and events) and the runner process as doubles:
+# the order of the protocol and what each failure becomes. The real gate ran on the H100
+# (bench/judge_gpu_check.py --parts gate: its three attacks failed, an honest model passed).
+
+class FakeGate:
+    def __init__(self, ends: bool = True) -> None:
+        self.ends = ends
+        self.log: list[str] = []
+        self.seq = 0
+
+    def open(self, arena: object, out_start: int, end: int, flush: object) -> object:
+        from types import SimpleNamespace
+
+        self.seq += 1
+        self.log.append("open")
+        return SimpleNamespace(seq=self.seq)
+
+    def close(self, window: object) -> None:
+        self.log.append("close")
+
+    def release(self, window: object, *, done_too: bool = False) -> None:
+        self.log.append("release+done" if done_too else "release")
+
+    def ended(self, window: object) -> bool:
+        return self.ends
+
+    def elapsed_us(self, window: object) -> float:
+        return 1234.5
+
+
+class FakeRunner:
+    label = "candidate"
+
+    def __init__(self, replies: dict[str, list[object]], answers: list[object]) -> None:
+        from types import SimpleNamespace
+
+        self.arena = SimpleNamespace(tensor=None)
+        self.replies, self.answers = replies, answers
+        self.sent: list[dict] = []
+        self.paused = 0
+
+    def request(self, message: dict, deadline: float, abort: object = None) -> dict:
+        self.sent.append(message)
+        reply = self.replies[message["op"]].pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply  # type: ignore[return-value]
+
+    def answer(self, deadline: float, abort: object = None) -> dict:
+        reply = self.answers.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply  # type: ignore[return-value]
+
+    def pause(self) -> None:
+        self.paused += 1
+
+
+def _judge(monkeypatch: pytest.MonkeyPatch) -> object:
+    from types import MethodType, SimpleNamespace
+
+    from pkb_tui.engine import worker
+
+    monkeypatch.setattr(worker, "IDLE_SETTLE_S", 0.02)
+    judge = SimpleNamespace(rank=0, current_item=0, _abort_epoch=0, gate_stuck=None, killed=[], agreed=[])
+
+    def agree(value: object) -> list[object]:
+        judge.agreed.append(value)
+        return [value]
+
+    judge.agree = agree
+    judge._signal_abort = lambda item: None
+    judge._l2_flush_buffer = lambda: None
+    judge._flush_l2 = lambda: None
+    judge._kill_candidate = lambda runner: judge.killed.append(runner)
+    for name in ("_gated_block", "_end_window", "_raise_agreed"):
+        setattr(judge, name, MethodType(getattr(worker.Rank, name), judge))
+    return judge
+
+
+def test_a_gated_block_is_captured_first_then_released_once_and_timed_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    judge, fake_gate = _judge(monkeypatch), FakeGate()
+    runner = FakeRunner({"capture": [{"ok": True, "captured": True}], "run": [{"ok": True, "gated": True}]},
+                        [{"ok": True, "gated": True}])
+    block, reply = judge._gated_block(fake_gate, runner, None, 256, 4096, 40, "graph", 1e12, None)
+    assert [m["op"] for m in runner.sent] == ["capture", "run"] and runner.sent[1]["gate"] == 1
+    assert fake_gate.log == ["open", "close", "release"]
+    assert (block.wall_us, block.reported_us, block.calls) == (1234.5, 1234.5, 40) and not reply.get("graph_error")
+    assert len(judge.agreed) == 3 and runner.paused == 1  # capture, window enqueued, window ended
+
+
+def test_a_graph_that_cannot_be_captured_opens_no_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    judge, fake_gate = _judge(monkeypatch), FakeGate()
+    runner = FakeRunner({"capture": [{"ok": True, "graph_error": "not capturable: a host sync"}]}, [])
+    block, reply = judge._gated_block(fake_gate, runner, None, 256, 4096, 40, "graph", 1e12, None)
+    assert reply["graph_error"] == "not capturable: a host sync" and fake_gate.log == []
+
+
+def test_a_runner_that_answers_without_the_gate_fails_as_tampering_and_the_window_is_ended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pkb_tui.engine.worker import CandidateFailure
+
+    judge, fake_gate = _judge(monkeypatch), FakeGate()
+    runner = FakeRunner({"capture": [{"ok": True}], "run": [{"ok": True, "device_us": 1.0}]}, [])
+    with pytest.raises(CandidateFailure, match="without timing it through the GPU gate") as raised:
+        judge._gated_block(fake_gate, runner, None, 256, 4096, 40, "graph", 1e12, None)
+    assert raised.value.status == "failed" and fake_gate.log == ["open", "close", "release+done"]
+
+
+def test_a_runner_that_enqueues_only_once_released_loses_the_figure_not_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pkb_tui.engine.worker import CandidateFailure
+
+    judge, fake_gate = _judge(monkeypatch), FakeGate()
+    silent = CandidateFailure("timeout", "the candidate did not answer within its timeout on rank 0")
+    runner = FakeRunner({"capture": [{"ok": True}], "run": [silent]},
+                        [{"ok": True, "gated": True}, {"ok": True, "gated": True}])
+    block, reply = judge._gated_block(fake_gate, runner, None, 256, 4096, 40, "graph", 1e12, None)
+    assert reply["graph_error"].startswith("not timed: the candidate's runner on rank 0 enqueued its graph block only")
+    assert fake_gate.log == ["open", "release", "close", "release"] and runner.answers == []
+
+
+def test_a_window_that_never_ends_ends_the_runner_and_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pkb_tui.engine.worker import CandidateFailure
+
+    judge, fake_gate = _judge(monkeypatch), FakeGate(ends=False)
+    runner = FakeRunner({"capture": [{"ok": True}], "run": [{"ok": True, "gated": True}]}, [{"ok": True, "gated": True}])
+    with pytest.raises(CandidateFailure, match="never signalled its end") as raised:
+        judge._gated_block(fake_gate, runner, None, 256, 4096, 40, "graph", 1e12, None)
+    assert raised.value.status == "failed" and judge.killed == [runner]
+    assert fake_gate.log[-1] == "release+done" and judge.gate_stuck  # still held: the launch ends before the next item
