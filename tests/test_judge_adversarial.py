@@ -36,6 +36,8 @@ RIGHT_ANSWERS = ("slow-baseline", "cpu-burner", "head-start")
 # calls of a block) sits in the noise of a call alone: the check failed it in 6 of 10 runs here
 # (the others passed at 2.4-6.1x); the deterministic case is tests/test_judge_batching.py, the GPU one
 # bench/judge_gpu_check.py.
+# adversarial/gate-* attack the GPU gate (engine.gate), which has no CPU side: bench/judge_gpu_check.py
+# --parts gate runs them on a GPU box (all three failed on the H100, 2026-12-06).
 # With the attack working these read 10x-1000x (a 20 ms sleep in each baseline call, clocks at 0).
 MAX_SPEEDUP = 3.0
 
