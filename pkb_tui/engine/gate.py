@@ -111,7 +111,6 @@ class Window:
     def __init__(self, seq: int, arena: Any, out_start: int, end: int, start: Any, stop: Any) -> None:
         self.seq, self.arena, self.out_start, self.end = seq, arena, out_start, end
         self.start, self.stop = start, stop  # the judge's timing events E0, E1
-        self.closed = False
 
 
 class JudgeGate:
@@ -186,7 +185,6 @@ class JudgeGate:
         with torch.cuda.stream(self.stream):
             self.mirror[window.out_start:window.end].copy_(window.arena[window.out_start:window.end])
             window.stop.record(self.stream)
-        window.closed = True
 
     def release(self, window: Window, *, done_too: bool = False) -> None:
         """Let the window run (``go``); ``done_too``: end it without the runner (a failure, no block)."""
@@ -195,7 +193,8 @@ class JudgeGate:
             write(stream_handle(self.releaser), window.arena.data_ptr() + DONE_OFFSET, window.seq)
 
     def ended(self, window: Window) -> bool:
-        return bool(window.stop.query()) if window.closed else bool(window.start.query())
+        """Whether the window's end event (enqueued by ``close``) has been reached."""
+        return bool(window.stop.query())
 
     def elapsed_us(self, window: Window) -> float:
         return float(window.start.elapsed_time(window.stop)) * 1000.0

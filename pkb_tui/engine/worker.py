@@ -1043,7 +1043,7 @@ class Rank:
         # A graph block on a GPU is timed by the judge's own events on the GPU (engine.gate), its
         # flags in the arena's first bytes.
         judge_gate = self.gate if how.startswith("graph") else None
-        layout = channel.Layout(gate.GATE_BYTES if self.device.type == "cuda" else 0)
+        layout = channel.Layout(gate.GATE_BYTES if self.gate is not None else 0)
         in_specs = [layout.place(x) for x in inputs]
         out_start = layout.end
         out_specs = [layout.place(e) for e in expected]
@@ -1139,10 +1139,7 @@ class Rank:
         agreed = self.agree(((failure.status, failure.message) if failure else None, bool(reply.get("captured")),
                              graph_error))
         runner.pause()
-        failures = sorted((f for f, _, _ in agreed if f), key=_failure_order)
-        if failures:
-            self._abort_epoch += 1
-            raise CandidateFailure(*failures[0])
+        self._raise_agreed(runner, [f for f, _, _ in agreed])
         graph_errors = [g for _, _, g in agreed if g]
         if graph_errors:  # one rank's runner could not capture: the method is off on every rank
             return Block(wall_us, 0.0, len(inputs)), [], {"ok": True, "graph_error": graph_errors[0]}
@@ -1258,7 +1255,7 @@ class Rank:
         if stalls:
             return Block(0.0, 0.0, 0), {"ok": True, "graph_error": stalls[0]}
         gpu_us = gate_.elapsed_us(window)
-        return Block(gpu_us, gpu_us, calls), {**reply, "captured": False}
+        return Block(gpu_us, gpu_us, calls), reply
 
     def _raise_agreed(self, runner: RunnerProcess, failures: list[Any]) -> None:
         """Raise the first of the ranks' agreed failures (the cause first), the runner stopped."""
