@@ -8,7 +8,8 @@
 #   gate: the GPU gate (engine.gate, PKB_GPU_GATE=1): judge_gpu_check's gate part (fixtures), then
 #   one task whose baseline hung in a gated block on the H100 (GATE_TASK, default dp_int8_allreduce)
 #   with every step traced (PKB_GATE_TRACE=1; the lines from its logs under $OUT/pkb-runs), then the
-#   self-check of every task with the gate (PKB_GPU_GATE=1, its database kept as $OUT/gate_selfcheck.db).
+#   self-check of every task (GATE_SELFCHECK_TASKS, default all) with the gate (PKB_GPU_GATE=1, its
+#   database kept as $OUT/gate_selfcheck.db).
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
 #   RUN_LOCAL_FROM/RUN_LOCAL_MAX/PKB_TUI_SKIP as that script reads them.
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
@@ -88,11 +89,15 @@ for section in $sections; do
       --model baseline --world-size 1 --mode nccl --size small --trials 1 --no-profile --timeout 40 --speedup-basis graph \
       --json >"$OUT/gate_trace.json" 2>"$OUT/gate_trace.err"
     echo "exit $?"; grep -h "pkb gate" -r "$OUT/pkb-runs" "$OUT/gate_trace.err" | sort -k3 -n | tail -40
+    echo "--- stacks of a gated block still going 3 s on (gate.watch)"
+    grep -rh -A16 "^Timeout (" "$OUT/pkb-runs" "$OUT/gate_trace.err" | grep -v "^  File .*/\(threading\|selectors\)\.py" | head -90
+    tar czf "$OUT/gate_trace_logs.tgz" -C "$OUT" pkb-runs 2>/dev/null && rm -rf "$OUT/pkb-runs"
     echo "=== the GPU gate: self-check of every task"
-    PKB_GPU_GATE=1 timeout "${GATE_SELFCHECK_S:-450}" $PY -m pkb_tui.cli --db "$OUT/gate_selfcheck.db" run --task all --model baseline \
-      --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 --speedup-basis graph \
+    PKB_GPU_GATE=1 timeout "${GATE_SELFCHECK_S:-450}" $PY -m pkb_tui.cli --db "$OUT/gate_selfcheck.db" run --task "${GATE_SELFCHECK_TASKS:-all}" \
+      --model baseline --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 --speedup-basis graph \
       --json >"$OUT/gate_selfcheck.json" 2>"$OUT/gate_selfcheck.err"
     echo "exit $?"; $PY bench/summarize_runs.py "$OUT/gate_selfcheck.json" 2>&1 | tail -40
+    rm -rf "$OUT/pkb-runs"
     ;;
   pkb)
     echo "=== ParallelKernelBench against run_local.py (bench/pkb_compare.sh)"

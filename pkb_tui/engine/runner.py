@@ -339,7 +339,18 @@ class Runner:
         null = command.get("how") == "graph-null"
         self._keep_null_outputs(null)
         error, captured = self._graph_for(null)
-        return {"ok": True, "graph_error": error} if error else {"ok": True, "captured": captured}
+        if error:
+            return {"ok": True, "graph_error": error}
+        if captured:
+            # Set up on the GPU now: a first launch behind the gate's held wait can hold this host
+            # until go (engine.gate.upload); where the driver cannot upload, one replay does it.
+            from pkb_tui.engine import gate
+
+            torch = self.torch
+            if gate.upload(self.graphs[null], gate.stream_handle(torch.cuda.current_stream(self.device))):
+                self.graphs[null].replay()
+            self._cuda_synchronize(self.device)
+        return {"ok": True, "captured": captured}
 
     def _keep_null_outputs(self, null: bool) -> None:
         if null and not self.null_outputs:
@@ -369,12 +380,14 @@ class Runner:
         if graph is None:
             return {"ok": False, "error": "no graph was captured for this block (the judge sends capture before a gated run)"}
         gate.trace(who, "enqueueing", seq)
+        gate.watch()
         gate.wait(stream, base + gate.GO_OFFSET, seq)
         graph.replay()
         gate.write(stream, base + gate.DONE_OFFSET, seq)
         channel.send(self.write_fd, {"ok": True, "gated": True})
         gate.trace(who, "enqueued, first answer sent; synchronizing", seq)
         self._cuda_synchronize(self.device)
+        gate.unwatch()
         gate.trace(who, "stream has run", seq)
         return {"ok": True, "gated": True}
 

@@ -1207,6 +1207,7 @@ class Rank:
         self._l2_flush_buffer()
         window = gate_.open(runner.arena.tensor, out_start, end, self._flush_l2)
         gate.trace(who, "window opened, asking the runner", window.seq)
+        gate.watch()
         stalled = None
         try:
             command = {"op": "run", "how": how, "gate": window.seq}
@@ -1247,6 +1248,7 @@ class Rank:
                 late = exc
                 self._signal_abort(self.current_item)
         late = self._end_window(gate_, window, runner, late)
+        gate.unwatch()
         gate.trace(who, f"window ended ({late.message if late else 'ok'})", window.seq)
         agreed_late = self.agree((late.status, late.message) if late else None)
         runner.pause()
