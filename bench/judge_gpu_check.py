@@ -52,11 +52,13 @@ def cli(out: Path, name: str, args: list[str], timeout_s: float = 400, env_extra
         ) -> tuple[dict | None, dict[int, dict]]:
     """One `pkb-tui run --json`; returns its JSON and, per item, the events of its batch."""
     db = out / f"{name}.db"
+    runs_dir = out / "pkb-runs" / name  # its own: events are read from here, no other call's
     env = {**os.environ, **SAFE_ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            **(env_extra or {})}
     started = time.monotonic()
     with open(out / f"{name}.err", "w") as err:
-        proc = subprocess.run([sys.executable, "-m", "pkb_tui.cli", "--db", str(db), "run", *args, "--json"],
+        proc = subprocess.run([sys.executable, "-m", "pkb_tui.cli", "--db", str(db), "--runs-dir", str(runs_dir), "run", *args,
+                               "--json"],
                               stdout=subprocess.PIPE, stderr=err, env=env, timeout=timeout_s, text=True)
     print(f"--- {name}: exit {proc.returncode} in {time.monotonic() - started:.0f} s", flush=True)
     try:
@@ -65,9 +67,7 @@ def cli(out: Path, name: str, args: list[str], timeout_s: float = 400, env_extra
         doc = None
         print((out / f"{name}.err").read_text()[-1500:])
     events: dict[int, dict] = {}
-    for path in sorted(glob.glob(str(out / "pkb-runs" / "*" / "events.*.jsonl"))):
-        if os.path.getmtime(path) < time.time() - (time.monotonic() - started) - 5:
-            continue
+    for path in sorted(glob.glob(str(runs_dir / "*" / "events.*.jsonl"))):
         for line in open(path):
             body = line.partition(" ")[2]
             try:
