@@ -4,10 +4,12 @@
 #   (default: engine tasks collectors gpu judge)
 #   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults, batching check,
 #   self-check of every task); JUDGE_PARTS picks its parts (default all).
-#   soak: bench/soak.py on this box's GPU (SOAK_MINUTES, default 3), its database copied to $OUT.
+#   soak: bench/soak.py on this box's GPU (SOAK_MINUTES, default 3; SOAK_TIMEOUT per run, default 25 s: a launch's
+#   start-up on the H100 took over 10 s, which the first run's timeout counts), its database copied to $OUT.
 #   gate: the GPU gate (engine.gate, PKB_GPU_GATE=1): judge_gpu_check's gate part (fixtures), then
-#   one task whose baseline hung in a gated block on the H100 (GATE_TASK, default dp_int8_allreduce)
-#   with every step traced (PKB_GATE_TRACE=1; the lines from its logs under $OUT/pkb-runs), then the
+#   one task and model (GATE_TASK, default dp_int8_allreduce, whose baseline hung in a gated block on the
+#   H100 before graphs were uploaded first; GATE_MODEL, default baseline) with every step traced
+#   (PKB_GATE_TRACE=1: its log lines, and the stacks of a block still going 3 s on), then the
 #   self-check of every task (GATE_SELFCHECK_TASKS, default all) with the gate (PKB_GPU_GATE=1, its
 #   database kept as $OUT/gate_selfcheck.db).
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
@@ -77,7 +79,7 @@ for section in $sections; do
     ;;
   soak)
     echo "=== soak (bench/soak.py, ${SOAK_MINUTES:-3} min)"
-    timeout $(( ${SOAK_MINUTES:-3} * 60 + 120 )) $PY bench/soak.py --mode nccl --world-size 1 --runs 1000 --timeout 10 \
+    timeout $(( ${SOAK_MINUTES:-3} * 60 + 120 )) $PY bench/soak.py --mode nccl --world-size 1 --runs 1000 --timeout "${SOAK_TIMEOUT:-25}" \
       --max-minutes "${SOAK_MINUTES:-3}" --workdir /tmp/pkb-soak 2>&1 | tee "$OUT/soak.txt" | tail -40
     cp /tmp/pkb-soak/runs.db "$OUT/soak_runs.db" 2>/dev/null
     ;;
@@ -86,8 +88,8 @@ for section in $sections; do
     timeout 200 $PY bench/judge_gpu_check.py --out "$OUT" --parts gate 2>&1 | tail -12
     echo "=== the GPU gate: ${GATE_TASK:-dp_int8_allreduce}, traced"
     PKB_GPU_GATE=1 PKB_GATE_TRACE=1 timeout 120 $PY -m pkb_tui.cli --db "$OUT/gate_trace.db" run --task "${GATE_TASK:-dp_int8_allreduce}" \
-      --model baseline --world-size 1 --mode nccl --size small --trials 1 --no-profile --timeout 40 --speedup-basis graph \
-      --json >"$OUT/gate_trace.json" 2>"$OUT/gate_trace.err"
+      --model "${GATE_MODEL:-baseline}" --world-size 1 --mode nccl --size small --trials 1 --no-profile --timeout 40 \
+      --speedup-basis graph --json >"$OUT/gate_trace.json" 2>"$OUT/gate_trace.err"
     echo "exit $?"; grep -h "pkb gate" -r "$OUT/pkb-runs" "$OUT/gate_trace.err" | sort -k3 -n | tail -40
     echo "--- stacks of a gated block still going 3 s on (gate.watch)"
     grep -rh -A16 "^Timeout (" "$OUT/pkb-runs" "$OUT/gate_trace.err" | grep -v "^  File .*/\(threading\|selectors\)\.py" | head -90

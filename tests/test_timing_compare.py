@@ -157,3 +157,65 @@ def test_batching_unresolved_asks_for_rounds_only_while_the_points_suspect_and_t
     honest = (_rounds(100.0), _rounds(20.0)), (_rounds(120.0), _rounds(26.0))
     assert not timing.batching_unresolved(*honest, 512, 2.0)
     assert not timing.batching_unresolved((blocks_b, blocks_c), (alone_b, alone_c), 1, 3.0)
+
+
+def test_an_unconfirmed_speedup_in_blocks_is_capped_at_the_speed_alone() -> None:
+    # The points say batching (3.4x in blocks, 1.1x alone), the intervals never decided: the run
+    # claims the speed alone, for every method above it, with a note that says why.
+    blocks_b = [[x] * 2 for x in (1450.0, 2107.0, 512.0, 1188.0, 2704.0, 743.0)]
+    blocks_c = [[x] * 2 for x in (184.0, 311.0, 377.0, 975.0, 165.0, 547.0)]
+    alone_b = [[x] * 2 for x in (388.0, 199.0, 715.0, 2276.0, 1010.0, 1457.0)]
+    alone_c = [[x] * 2 for x in (1312.0, 1193.0, 670.0, 307.0, 3459.0, 272.0)]
+    alone = timing.unconfirmed_in_blocks((blocks_b, blocks_c), (alone_b, alone_c), 8, 3.0)
+    assert alone is not None
+    assert alone == timing.paired_speedup(alone_b, alone_c)
+    fields = {"speedup": 3.4, "speedup_low": 1.2, "speedup_high": 9.0, "speedup_eager": 3.4, "speedup_eager_low": 1.2,
+              "speedup_eager_high": 9.0, "speedup_graph": 0.5, "speedup_graph_low": 0.4, "speedup_graph_high": 0.6,
+              "within_noise": 0, "speedup_note": "median of 6 per-round ratios"}
+    capped = timing.cap_at_alone(fields, alone, "eager", 8)
+    assert (capped["speedup"], capped["speedup_low"], capped["speedup_high"]) == (alone.point, alone.low, alone.high)
+    assert capped["speedup_eager"] == alone.point
+    assert capped["speedup_graph"] == 0.5  # below the speed alone: left as measured
+    assert capped["within_noise"] == (1 if alone.low <= 1.0 <= alone.high else 0)
+    assert "calls one at a time" in capped["speedup_note"] and "eager 3.40x [1.20, 9.00]" in capped["speedup_note"]
+    assert fields["speedup"] == 3.4  # the caller's columns are not changed in place
+    # the graph basis: its figure capped where it is above the speed alone
+    graph_fast = {**fields, "speedup": 3.0, "speedup_graph": 3.0, "speedup_graph_low": 2.5, "speedup_graph_high": 3.5}
+    assert timing.cap_at_alone(graph_fast, alone, "graph", 8)["speedup"] == alone.point
+    # decided (steady: batched() flags it) or honest: nothing to cap
+    steady = (_rounds(100.0), _rounds(10.0)), (_rounds(100.0), _rounds(100.0))
+    assert timing.unconfirmed_in_blocks(*steady, 512, 2.0) is None
+    honest = (_rounds(100.0), _rounds(20.0)), (_rounds(120.0), _rounds(26.0))
+    assert timing.unconfirmed_in_blocks(*honest, 512, 2.0) is None
+    assert timing.cap_at_alone(fields, timing.paired_speedup(_rounds(100.0), _rounds(20.0)), "eager", 8) == fields
+
+
+def test_the_launcher_stores_the_speed_alone_where_blocks_were_not_confirmed() -> None:
+    # The launcher's own path from the judges' Timing events to the results columns.
+    from types import SimpleNamespace
+
+    from pkb_tui.engine import events as ev
+    from pkb_tui.engine.launcher import Launcher
+
+    blocks_b = [[x] * 2 for x in (1450.0, 2107.0, 512.0, 1188.0, 2704.0, 743.0)]
+    blocks_c = [[x] * 2 for x in (184.0, 311.0, 377.0, 975.0, 165.0, 547.0)]
+    alone_b = [[x] * 2 for x in (388.0, 199.0, 715.0, 2276.0, 1010.0, 1457.0)]
+    alone_c = [[x] * 2 for x in (1312.0, 1193.0, 670.0, 307.0, 3459.0, 272.0)]
+
+    def event(variant: str, rounds: list[list[float]], singles: list[list[float]], calls: int) -> ev.Timing:
+        eager = {"rounds_us": rounds, "single_rounds_us": singles, "calls_per_block": calls}
+        return ev.Timing(item=0, variant=variant, median_us=1.0, p10_us=1.0, p90_us=1.0, mean_us=1.0, min_us=1.0,
+                         max_us=1.0, iterations=12, eager=eager)
+
+    def fields(calls: int) -> dict:
+        state = SimpleNamespace(timings={"baseline": event("baseline", blocks_b, alone_b, calls),
+                                         "candidate": event("candidate", blocks_c, alone_c, calls)})
+        owner = SimpleNamespace(_mode="cpu", _noise_floor=None)
+        return Launcher._timing_fields(owner, state, SimpleNamespace(speedup_basis="eager"))["candidate"]  # type: ignore[arg-type]
+
+    capped = fields(8)
+    assert capped["speedup"] == timing.paired_speedup(alone_b, alone_c).point
+    assert "calls one at a time" in capped["speedup_note"]
+    plain = fields(1)  # a block of one call is its own call alone: nothing to compare
+    assert plain["speedup"] == timing.paired_speedup(blocks_b, blocks_c, "p25").point
+    assert "calls one at a time" not in plain["speedup_note"]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pkb_tui.engine import events as ev
-from pkb_tui.engine import procs, stats
+from pkb_tui.engine import procs, stats, timing
 from pkb_tui.engine.logs import RANKS_DID_NOT_START, launch_failure_detail, read_regular
 from pkb_tui.engine.modes import check_world_size, choose_mode, timings_representative
 from pkb_tui.engine.nodes import (
@@ -1046,13 +1046,26 @@ class Launcher:
         basis = getattr(request, "speedup_basis", "eager") or "eager"
         if basis == "graph" and not graph.candidate_rounds:
             basis = "eager"  # no graph figure to pick: say which one was used
+        statistic = stats.round_statistic_for(self._mode)
+        floor = stats.noise_floor_for(getattr(self, "_noise_floor", None), basis)
         try:
-            return stats.timing_result_fields(
-                eager, graph, basis=basis, statistic=stats.round_statistic_for(self._mode),
-                noise_floor_fraction=stats.noise_floor_for(getattr(self, "_noise_floor", None), basis),
-            )
+            fields = stats.timing_result_fields(eager, graph, basis=basis, statistic=statistic,
+                                                noise_floor_fraction=floor)
         except ValueError:
             return {}
+        # A speedup in blocks that calls alone did not confirm (the judges' check could not decide
+        # within the budget): the run claims the speed alone (timing.unconfirmed_in_blocks).
+        def singles(event: ev.Timing | None) -> list[list[float]]:
+            return list(((event.eager or {}).get("single_rounds_us") or []) if event is not None else [])
+
+        calls = int(((cand.eager or {}).get("calls_per_block") or 0) if cand is not None else 0)
+        if cand is not None and fields.get("candidate"):
+            alone = timing.unconfirmed_in_blocks((eager.baseline_rounds or [], eager.candidate_rounds or []),
+                                                 (singles(base), singles(cand)), calls,
+                                                 timing.BATCHED_LIMIT["cpu" if self._mode == "cpu" else "cuda"], statistic)
+            if alone is not None:
+                fields["candidate"] = timing.cap_at_alone(fields["candidate"], alone, basis, calls, floor)
+        return fields
 
     def _rank_traffic(self, task_id: str, request: RunRequest) -> list[Traffic] | None:
         """The task's traffic model of each rank; None where the task has none for this request."""

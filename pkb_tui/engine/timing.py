@@ -10,6 +10,7 @@ that it could be true (a runner whose report is impossible was tampered with).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from pkb_tui.engine.stats import Rounds, SpeedupEstimate, min_rounds, percentile, round_location, speedup_interval
 
@@ -106,6 +107,50 @@ def batched(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Ro
             f"speed per call in blocks of {calls} calls but {alone.point:.1f}x [{alone.low:.1f}, {alone.high:.1f}] one "
             f"call at a time; a runner that turns a block's calls into fewer operations gains a speed no program "
             f"whose next call waits for this one has")
+
+
+def unconfirmed_in_blocks(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Rounds], calls: int,
+                          limit: float, statistic: str = "median") -> SpeedupEstimate | None:
+    """The speedup one call at a time where the one in blocks looks like batching and the intervals
+    never decided (``batching_unresolved`` once the rounds are over); else None. What the run may
+    claim then is the speed its calls showed alone: a runner that batches a block's calls, on a
+    clock too noisy for its rounds (H100, 2026-12-06: adversarial/batch-calls at size small passed
+    4.4x [1.75, 6.10] in blocks after 6 rounds), gains nothing from the noise."""
+    estimates = _estimates(block_rounds, single_rounds, calls, statistic)
+    if estimates is None:
+        return None
+    in_blocks, alone = estimates
+    if _gap(in_blocks.point, alone.point, limit) and not _gap(in_blocks.low, alone.high, limit):
+        return alone
+    return None
+
+
+def cap_at_alone(candidate: dict[str, Any], alone: SpeedupEstimate, basis: str, in_blocks_calls: int,
+                 noise_floor_fraction: float | None = None) -> dict[str, Any]:
+    """``candidate``'s results columns (stats.timing_result_fields) with every method's speedup
+    above the speedup alone replaced by it (point and interval), and a note that says why."""
+    from pkb_tui.store import faster
+
+    out = dict(candidate)
+    capped = []
+    for name in ("eager", "graph"):
+        point = out.get(f"speedup_{name}")
+        if point is None or point <= alone.point:
+            continue
+        capped.append(f"{name} {point:.2f}x [{out.get(f'speedup_{name}_low') or 0:.2f}, {out.get(f'speedup_{name}_high') or 0:.2f}]")
+        out.update({f"speedup_{name}": alone.point, f"speedup_{name}_low": alone.low, f"speedup_{name}_high": alone.high})
+    if not capped:
+        return out
+    if out.get(f"speedup_{basis}") is not None:
+        out.update(speedup=out[f"speedup_{basis}"], speedup_low=out[f"speedup_{basis}_low"],
+                   speedup_high=out[f"speedup_{basis}_high"],
+                   within_noise=faster.within_noise(out[f"speedup_{basis}_low"], out[f"speedup_{basis}_high"],
+                                                    noise_floor_fraction))
+    out["speedup_note"] = (f"the speedup of calls one at a time ({alone.point:.2f}x [{alone.low:.2f}, {alone.high:.2f}]): "
+                           f"in blocks of {in_blocks_calls} calls it read {', '.join(capped)}, which calls alone did not "
+                           f"confirm within the timing budget (a runner that turns a block's calls into fewer "
+                           f"operations gains that way; timing.batched)")
+    return out
 
 
 def batching_unresolved(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Rounds], calls: int,

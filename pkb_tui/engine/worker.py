@@ -1312,9 +1312,11 @@ class Rank:
                                     per_call_us=[per_call_us(b.wall_us, overhead, b.calls) for b in s.rounds[-1]]))
 
     def _more_rounds(self, series: dict, candidate_ok: bool, rounds_done: int, least_rounds: int, elapsed_s: float,
-                     budget_s: float, statistic: str) -> bool:
+                     budget_s: float, statistic: str, suspect_budget_s: float | None = None) -> bool:
         """Whether to time another round (engine.stats.next_round_needed on the figures of the
-        method the speedup is read from: --speedup-basis, eager where the call has no graph)."""
+        method the speedup is read from: --speedup-basis, eager where the call has no graph).
+        ``suspect_budget_s``: the longer budget of a speedup that looks like batching, undecided."""
+        suspect_budget_s = budget_s if suspect_budget_s is None else suspect_budget_s
         if rounds_done < least_rounds:
             return True
         if not candidate_ok or rounds_done >= MAX_ROUNDS:
@@ -1322,7 +1324,7 @@ class Rank:
         def suspect() -> bool:
             """A speedup that looks like batching and is not decided yet: more rounds, on CPU too,
             while another round fits the budget."""
-            return (elapsed_s + elapsed_s / max(rounds_done, 1) <= budget_s
+            return (elapsed_s + elapsed_s / max(rounds_done, 1) <= suspect_budget_s
                     and self._batching_unresolved(series, statistic))
 
         if self.device.type != "cuda":
@@ -1506,6 +1508,9 @@ class Rank:
         per_round = BLOCKS_PER_ROUND[kind]
         least_rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(req.iterations / (calls_for["eager"] * per_round)))))
         budget_s = min(TIMING_BUDGET_S[kind], 0.3 * float(req.timeout_s))
+        # A speedup that looks like batching gets up to twice as long to decide (its figure is then
+        # capped at the speed alone, timing.unconfirmed_in_blocks), within the run's timeout.
+        suspect_budget_s = max(budget_s, min(2 * TIMING_BUDGET_S[kind], 0.45 * float(req.timeout_s)))
         statistic = stats.round_statistic_for(self.mode)
         timing_started = _monotonic()
 
@@ -1586,7 +1591,7 @@ class Rank:
             more = None
             if self.rank == 0:
                 more = self._more_rounds(series, candidate_ok, round_index, least_rounds,
-                                         _monotonic() - timing_started, budget_s, statistic)
+                                         _monotonic() - timing_started, budget_s, statistic, suspect_budget_s)
             if not self.agree(more)[0]:
                 break
         del inputs, expected, truths
@@ -1664,6 +1669,7 @@ class Rank:
                 figures[how] = {"median_us": summary.median_us, "p10_us": summary.p10_us, "p90_us": summary.p90_us,
                                 "mean_us": summary.mean_us, "min_us": summary.min_us, "max_us": summary.max_us,
                                 "iterations": summary.samples, "rounds_us": per_call,
+                                "calls_per_block": max((n for row in rows for _, _, n in row), default=0),
                                 # Diagnosis only, never a verdict: per block, the runner's own event time
                                 # per call (the candidate's is its word) and rank 0's hand-offs in and out.
                                 "reported_rounds_us": [[round(r / n, 4) if n and math.isfinite(r) else None
