@@ -633,7 +633,8 @@ def _run_summary(run: dict[str, Any]) -> dict[str, Any]:
             "graph_p10_us", "graph_p90_us", "graph_note", "roofline_latency_us",
             "node_wire")  # per node of a multi-node run: wire bytes per call against the model (None: one node)
     interval = ("speedup_low", "speedup_high", "speedup_eager", "speedup_eager_low", "speedup_eager_high",
-                "speedup_graph", "speedup_graph_low", "speedup_graph_high", "speedup_note", "noise_floor_fraction")
+                "speedup_graph", "speedup_graph_low", "speedup_graph_high", "speedup_note", "noise_floor_fraction",
+                "interval_floor")
     return {
         "id": run["id"], "task": run["task_id"], "model": run["model"], "status": run["status"],
         "status_detail": run.get("status_detail"), "mode": run["mode"], "world_size": run["world_size"],

@@ -165,3 +165,41 @@ def test_timing_result_fields_fill_both_methods_and_the_picked_one() -> None:
 
 def test_cpu_mode_uses_the_steadier_round_statistic() -> None:
     assert stats.round_statistic_for("cpu") == "p25" and stats.round_statistic_for("nccl") == "median"
+
+
+def test_the_floor_widens_an_interval_in_quadrature_and_covers_a_steady_process_offset() -> None:
+    # A baseline against itself whose two processes differ steadily by 1.3% (the H100 gate's
+    # self-check: tp_gemm_reducescatter 1.013 [1.013, 1.014]): the rounds' interval misses 1.0, the
+    # interval widened by the host's floor (1.5%) holds it; a 1.5x candidate stays clear of 1.0.
+    rounds = stats.SpeedupEstimate(1.013, 1.0126, 1.0138, "median of 6 per-round ratios", 6, 0.95)
+    assert not rounds.contains(1.0)
+    wide = stats.widened(rounds, 0.015)
+    assert wide.contains(1.0) and wide.point == rounds.point and wide.rounds == 6
+    spread = math.log1p(0.015)
+    assert math.log(wide.point / wide.low) == pytest.approx(math.hypot(math.log(1.013 / 1.0126), spread))
+    assert math.log(wide.high / wide.point) == pytest.approx(math.hypot(math.log(1.0138 / 1.013), spread))
+    assert "+-1.5%" in wide.method_note and wide.method_note.startswith("median of 6")
+    fast = stats.widened(stats.SpeedupEstimate(1.5, 1.45, 1.55, "", 8, 0.95), 0.015)
+    assert fast.low > 1.4 and not fast.contains(1.0)
+    assert stats.widened(rounds, None) is rounds and stats.widened(rounds, 0.0) is rounds
+
+
+def test_timing_result_fields_fold_the_floor_in_once() -> None:
+    b_eager, c_eager = _pair(3, 1.02, sigma=0.002)  # 2% faster, steadily: rounds alone exclude 1.0
+    b_graph, c_graph = _pair(4, 1.0, sigma=0.002)
+    eager, graph = stats.MethodRounds(b_eager, c_eager), stats.MethodRounds(b_graph, c_graph)
+    plain = stats.timing_result_fields(eager, graph, basis="eager", noise_floor_fraction=0.03)["candidate"]
+    folded = stats.timing_result_fields(eager, graph, basis="eager", noise_floor_fraction=0.03,
+                                        interval_floors={"eager": 0.03, "graph": 0.01})["candidate"]
+    assert plain["interval_floor"] is None and folded["interval_floor"] == 0.03
+    assert plain["speedup_low"] > 1.0 and folded["speedup_low"] < 1.0 < folded["speedup_high"]
+    assert folded["speedup"] == plain["speedup"]
+    assert folded["speedup_graph_low"] < plain["speedup_graph_low"]  # the graph's own floor, 1%
+    # within_noise: the rounds' interval against the floor, or the folded interval against 1.0 (not twice)
+    assert plain["within_noise"] == 1 and folded["within_noise"] == 1
+    from pkb_tui.store import faster
+
+    row = {"speedup": 1.6, "speedup_low": 1.52, "rounds": 8, "noise_floor_fraction": 0.05}
+    assert faster.row_counts_as_faster(row, 1.5) is False  # 1.52 / 1.05 < 1.5: the floor still to apply
+    assert faster.row_counts_as_faster({**row, "interval_floor": 0.05}, 1.5) is True  # already in 1.52
+    assert faster.floor_to_apply(row) == 0.05 and faster.floor_to_apply({**row, "interval_floor": 0.05}) is None

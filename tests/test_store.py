@@ -182,3 +182,19 @@ def _damaged_database(tmp_path: Path) -> Path:
     data[start:] = bytes((i * 7 + 13) % 251 for i in range(len(data) - start))
     db.write_bytes(bytes(data))
     return db
+
+
+def test_an_interval_that_holds_the_floor_is_not_widened_again(tmp_path: Path) -> None:
+    # Both rows: 1.6x [1.52, ...] on a host whose floor is 5%. The older row's interval is the rounds'
+    # alone (the floor still to apply: 1.52 / 1.05 < 1.5); the newer one's holds the floor already.
+    timing = {"speedup_low": 1.52, "speedup_high": 1.7, "rounds": 8, "noise_floor_fraction": 0.05}
+    with Store(tmp_path / "runs.db") as store:
+        rounds_only = _run(store, "t1", "alpha", "passed", 1.6, True)
+        store.add_result(rounds_only, "candidate", timing)
+        folded = _run(store, "t1", "beta", "passed", 1.6, True)
+        store.add_result(folded, "candidate", {**timing, "interval_floor": 0.05})
+        board = {e["model"]: e for e in store.leaderboard()}
+        rows = {r["model"]: r for r in store.runs(basis="eager")}
+    assert board["alpha"]["fast_1_5"] == 0 and board["beta"]["fast_1_5"] == 1
+    assert board["alpha"]["fast_1"] == 1 and board["beta"]["fast_1"] == 1
+    assert rows["beta"]["interval_floor"] == 0.05 and rows["alpha"]["interval_floor"] is None

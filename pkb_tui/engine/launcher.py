@@ -1047,10 +1047,13 @@ class Launcher:
         if basis == "graph" and not graph.candidate_rounds:
             basis = "eager"  # no graph figure to pick: say which one was used
         statistic = stats.round_statistic_for(self._mode)
-        floor = stats.noise_floor_for(getattr(self, "_noise_floor", None), basis)
+        calibrated = getattr(self, "_noise_floor", None)
+        floor = stats.noise_floor_for(calibrated, basis)
+        # Each method's interval holds the host's spread between processes, where calibrate measured it.
+        floors = {method: stats.noise_floor_for(calibrated, method) for method in ("eager", "graph")}
         try:
             fields = stats.timing_result_fields(eager, graph, basis=basis, statistic=statistic,
-                                                noise_floor_fraction=floor)
+                                                noise_floor_fraction=floor, interval_floors=floors)
         except ValueError:
             return {}
         # A speedup in blocks that calls alone did not confirm (the judges' check could not decide
@@ -1064,7 +1067,8 @@ class Launcher:
                                                  (singles(base), singles(cand)), calls,
                                                  timing.BATCHED_LIMIT["cpu" if self._mode == "cpu" else "cuda"], statistic)
             if alone is not None:
-                fields["candidate"] = timing.cap_at_alone(fields["candidate"], alone, basis, calls, floor)
+                fields["candidate"] = timing.cap_at_alone(fields["candidate"], stats.widened(alone, floors["eager"]),
+                                                          basis, calls, floor)
         return fields
 
     def _rank_traffic(self, task_id: str, request: RunRequest) -> list[Traffic] | None:

@@ -128,7 +128,8 @@ def unconfirmed_in_blocks(block_rounds: tuple[Rounds, Rounds], single_rounds: tu
 def cap_at_alone(candidate: dict[str, Any], alone: SpeedupEstimate, basis: str, in_blocks_calls: int,
                  noise_floor_fraction: float | None = None) -> dict[str, Any]:
     """``candidate``'s results columns (stats.timing_result_fields) with every method's speedup
-    above the speedup alone replaced by it (point and interval), and a note that says why."""
+    above the speedup alone replaced by it (point and interval: widened as the columns' are, where
+    interval_floor says they are), and a note that says why."""
     from pkb_tui.store import faster
 
     out = dict(candidate)
@@ -145,7 +146,7 @@ def cap_at_alone(candidate: dict[str, Any], alone: SpeedupEstimate, basis: str, 
         out.update(speedup=out[f"speedup_{basis}"], speedup_low=out[f"speedup_{basis}_low"],
                    speedup_high=out[f"speedup_{basis}_high"],
                    within_noise=faster.within_noise(out[f"speedup_{basis}_low"], out[f"speedup_{basis}_high"],
-                                                    noise_floor_fraction))
+                                                    faster.floor_to_apply({**out, "noise_floor_fraction": noise_floor_fraction})))
     out["speedup_note"] = (f"the speedup of calls one at a time ({alone.point:.2f}x [{alone.low:.2f}, {alone.high:.2f}]): "
                            f"in blocks of {in_blocks_calls} calls it read {', '.join(capped)}, which calls alone did not "
                            f"confirm within the timing budget (a runner that turns a block's calls into fewer "

@@ -35,7 +35,7 @@ class SampleOutcome:
     sample: int
     correct: bool
     speedup: float | None  # the best correct round's; None when never correct or not timed
-    # each correct round's speedup, speedup_low, rounds and noise_floor_fraction (as its results row)
+    # each correct round's speedup, speedup_low, rounds, noise_floor_fraction and interval_floor (as its results row)
     timings: list[dict[str, Any]] = field(default_factory=list)
 
     def fast(self, p: float) -> bool:
@@ -65,7 +65,8 @@ def outcomes_from_candidates(candidates: Iterable[dict[str, Any]], *, up_to_roun
         if row.get("correct"):
             outcome.correct = True
             speedup = row.get("speedup")
-            outcome.timings.append({key: row.get(key) for key in ("speedup", "speedup_low", "rounds", "noise_floor_fraction")})
+            outcome.timings.append({key: row.get(key) for key in ("speedup", "speedup_low", "rounds", "noise_floor_fraction",
+                                                                    "interval_floor")})
             if speedup is not None and (outcome.speedup is None or speedup > outcome.speedup):
                 outcome.speedup = speedup
     return list(chains.values())

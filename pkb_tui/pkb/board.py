@@ -58,13 +58,14 @@ def problem_scores(conn: sqlite3.Connection, *, prefix: str | None = None) -> li
     """Scores per model, each with its problems (task ids starting with ``prefix`` when given)."""
     marks = ",".join("?" for _ in FINISHED)
     rows = conn.execute(
-        f"SELECT r.id, r.model, r.task_id, c.correct, c.speedup, c.speedup_low, c.rounds, c.noise_floor_fraction "
+        f"SELECT r.id, r.model, r.task_id, c.correct, c.speedup, c.speedup_low, c.rounds, c.noise_floor_fraction, "
+        f"c.interval_floor "
         f"FROM runs r "
         f"LEFT JOIN results c ON c.run_id = r.id AND c.variant = 'candidate' "
         f"WHERE r.status IN ({marks}) ORDER BY r.id", FINISHED,
     ).fetchall()
     by_pair: dict[tuple[str, str], ProblemScore] = {}
-    for _, model, task_id, correct, speedup, low, rounds, floor in rows:
+    for _, model, task_id, correct, speedup, low, rounds, floor, floor_in in rows:
         if prefix and not task_id.startswith(prefix):
             continue
         score = by_pair.get((model, task_id))
@@ -73,7 +74,8 @@ def problem_scores(conn: sqlite3.Connection, *, prefix: str | None = None) -> li
         score.runs += 1
         score.correct_runs += bool(correct)
         score.latest_correct, score.latest_speedup = bool(correct), speedup  # rows come in id order
-        score.latest_timing = {"speedup": speedup, "speedup_low": low, "rounds": rounds, "noise_floor_fraction": floor}
+        score.latest_timing = {"speedup": speedup, "speedup_low": low, "rounds": rounds, "noise_floor_fraction": floor,
+                               "interval_floor": floor_in}
     models: dict[str, ModelScore] = {}
     for (model, _), score in sorted(by_pair.items()):
         models.setdefault(model, ModelScore(model)).problems.append(score)

@@ -9,6 +9,8 @@ allocator's addresses, which SMs and memory channels the copies land on): on the
 baseline against itself in two runner processes read up to 2.7% apart with round-to-round spread
 under 1%. So a candidate counts as faster than p only when its interval, widened by the floor,
 clears p: low / (1 + f) > p. Rows from before intervals were measured are judged by their point.
+Rows whose interval already holds the floor (interval_floor set: stats.widened folded it in when
+the run was stored) are judged by the interval as it is: the floor is not applied twice.
 """
 
 from __future__ import annotations
@@ -34,10 +36,17 @@ def counts_as_faster(speedup: float | None, speedup_low: float | None, threshold
     return speedup is not None and speedup > threshold
 
 
+def floor_to_apply(row: dict) -> float | None:
+    """The floor a results row's interval is still to be widened by: none where the interval holds
+    it already (interval_floor), else the floor the run was judged against (noise_floor_fraction)."""
+    return None if row.get("interval_floor") is not None else row.get("noise_floor_fraction")
+
+
 def row_counts_as_faster(row: dict, threshold: float) -> bool:
     """counts_as_faster on a candidate's results row (speedup, speedup_low, rounds,
-    noise_floor_fraction): a row has an interval when it counted rounds or stored a lower end."""
+    noise_floor_fraction, interval_floor): a row has an interval when it counted rounds or stored a
+    lower end."""
     low = row.get("speedup_low")
     return counts_as_faster(row.get("speedup"), low, threshold,
                             has_interval=row.get("rounds") is not None or low is not None,
-                            noise_floor=row.get("noise_floor_fraction"))
+                            noise_floor=floor_to_apply(row))

@@ -162,7 +162,8 @@ class GenerateStore:
         sql = (
             "SELECT c.gen_run_id, g.endpoint, g.model_id, c.task_id, c.sample, c.round, c.status, "
             "(res.correct = 1 AND r.status = 'passed') AS correct, res.speedup AS speedup, "
-            "res.speedup_low AS speedup_low, res.rounds AS rounds, res.noise_floor_fraction AS noise_floor_fraction "
+            "res.speedup_low AS speedup_low, res.rounds AS rounds, res.noise_floor_fraction AS noise_floor_fraction, "
+            "res.interval_floor AS interval_floor "
             "FROM gen_candidates c JOIN gen_runs g ON g.id = c.gen_run_id "
             "LEFT JOIN runs r ON r.id = c.run_id "
             "LEFT JOIN results res ON res.run_id = c.run_id AND res.variant = 'candidate'"

@@ -451,6 +451,14 @@ _V_NETWORK = [
     "CREATE INDEX calibrations_pair ON calibrations(kind, host_a, host_b, measured_at) WHERE host_a IS NOT NULL",
 ]
 
+# The host's spread between processes folded into a speedup's interval (engine.stats.widened): the
+# calibrated floor the stored intervals already hold, so the verdicts do not widen them again
+# (store.faster.floor_to_apply). NULL: the rounds' interval alone (rows from before, and runs on a
+# host with no calibrated floor).
+_V_INTERVAL_FLOOR = [
+    "ALTER TABLE results ADD COLUMN interval_floor REAL",
+]
+
 MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V_TIMING, _V_GENERATE, _V_VIEWS, _V_BATCHES, _V_NODES, _V_NODE_WIRE,
-                               _V_NETWORK]
+                               _V_NETWORK, _V_INTERVAL_FLOOR]
 SCHEMA_VERSION = len(MIGRATIONS)

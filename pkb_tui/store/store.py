@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pkb_tui.errors import EXIT_HARNESS, PkbError
-from pkb_tui.store.faster import row_counts_as_faster
+from pkb_tui.store.faster import floor_to_apply, row_counts_as_faster
 from pkb_tui.store.faster import within_noise as _within_noise
 from pkb_tui.store.generate import GenerateStore
 from pkb_tui.store.schema import MIGRATIONS, SCHEMA_VERSION, host_pair
@@ -308,7 +308,7 @@ def result_with_basis(result: dict[str, Any] | None, basis: str | None) -> dict[
                mean_us=None, min_us=None, max_us=None, timing_method=basis)
     out.update(speedup=result.get(f"speedup_{basis}"), speedup_low=result.get(f"speedup_{basis}_low"),
                speedup_high=result.get(f"speedup_{basis}_high"))  # all None on the baseline's row
-    out["within_noise"] = _within_noise(out["speedup_low"], out["speedup_high"], result.get("noise_floor_fraction"))
+    out["within_noise"] = _within_noise(out["speedup_low"], out["speedup_high"], floor_to_apply(result))
     floor = result.get("roofline_floor_us")
     out["roofline_fraction"] = floor / median if (floor is not None and median) else None
     bus = result.get("bus_bandwidth_gbps")
@@ -326,7 +326,7 @@ def _run_row_with_basis(row: dict[str, Any], basis: str | None) -> dict[str, Any
     row["candidate_median_us"] = row.get(f"candidate_{basis}_median_us")
     row["speedup"] = row.get(f"speedup_{basis}")
     row["speedup_low"], row["speedup_high"] = row.get(f"speedup_{basis}_low"), row.get(f"speedup_{basis}_high")
-    row["within_noise"] = _within_noise(row["speedup_low"], row["speedup_high"], row.get("noise_floor_fraction"))
+    row["within_noise"] = _within_noise(row["speedup_low"], row["speedup_high"], floor_to_apply(row))
     row["candidate_roofline_fraction"] = None  # rescaled only in run(): this row lacks the floor
     row["timing_method"] = basis
     return row
@@ -611,6 +611,7 @@ class Store(GenerateStore):
             "c.trials_total AS trials_total, c.max_abs_error AS max_abs_error, "
             "c.speedup_low AS speedup_low, c.speedup_high AS speedup_high, c.within_noise AS within_noise, "
             "c.timing_method AS timing_method, c.rounds AS rounds, c.noise_floor_fraction AS noise_floor_fraction, "
+            "c.interval_floor AS interval_floor, "
             "c.speedup_eager AS speedup_eager, c.speedup_eager_low AS speedup_eager_low, "
             "c.speedup_eager_high AS speedup_eager_high, c.speedup_graph AS speedup_graph, "
             "c.speedup_graph_low AS speedup_graph_low, c.speedup_graph_high AS speedup_graph_high, "
