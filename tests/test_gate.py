@@ -193,3 +193,90 @@ def test_a_window_that_never_ends_ends_the_runner_and_fails_the_run(monkeypatch:
         judge._gated_block(fake_gate, runner, None, 256, 4096, 40, "graph", 1e12, None)
     assert raised.value.status == "failed" and judge.killed == [runner]
     assert fake_gate.log[-1] == "release+done" and judge.gate_stuck  # still held: the launch ends before the next item
+
+
+class _Log:
+    """What the judge's side of a window did, in order: stream waits and writes, copies, fills."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple] = []
+
+
+class _Bytes:
+    """A byte buffer (the arena or the mirror) whose slices log what is done to them."""
+
+    def __init__(self, name: str, log: _Log, size: int) -> None:
+        self.name, self.log, self.size = name, log, size
+
+    def data_ptr(self) -> int:
+        return {"arena": 1 << 20, "mirror": 2 << 20}.get(self.name, 3 << 20)
+
+    def numel(self) -> int:
+        return self.size
+
+    def __getitem__(self, part: slice) -> "_Slice":
+        return _Slice(self, part.start or 0, self.size if part.stop is None else part.stop)
+
+
+class _Slice:
+    def __init__(self, buffer: _Bytes, start: int, stop: int) -> None:
+        self.buffer, self.start, self.stop = buffer, start, stop
+
+    def copy_(self, source: "_Slice") -> None:
+        self.buffer.log.steps.append(("copy", (source.buffer.name, source.start, source.stop),
+                                      (self.buffer.name, self.start, self.stop)))
+
+    def fill_(self, value: int) -> None:
+        self.buffer.log.steps.append(("fill", (self.buffer.name, self.start, self.stop), value))
+
+    def zero_(self) -> None:
+        self.fill_(0)
+
+
+def _fake_torch(log: _Log) -> object:
+    import contextlib
+    import types
+
+    class Stream:
+        cuda_stream = 7
+
+        def synchronize(self) -> None:
+            log.steps.append(("synchronize",))
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            pass
+
+        def record(self, stream: object = None) -> None:
+            log.steps.append(("event",))
+
+    cuda = types.SimpleNamespace(Stream=lambda device=None: Stream(), Event=Event,
+                                 stream=lambda stream: contextlib.nullcontext())
+    return types.SimpleNamespace(cuda=cuda, uint8="uint8",
+                                 empty=lambda n, dtype=None, device=None: _Bytes("mirror", log, n))
+
+
+def test_no_input_reaches_the_arena_before_go_even_on_a_layouts_first_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The runner is awake while the judge opens a window: inputs in the arena before go would let it
+    # compute the block outside the window (the head-start attack). The first window on a layout
+    # also runs the window's kernels once unheld (lazy module loading): on the output slots only.
+    log = _Log()
+    monkeypatch.setattr(gate, "wait", lambda stream, address, value: log.steps.append(("wait", address, value)))
+    judge = gate.JudgeGate.__new__(gate.JudgeGate)
+    judge.torch, judge.device, judge.mirror, judge.seq, judge.warmed = _fake_torch(log), "cuda:0", None, 0, set()
+    judge.stream = judge.releaser = judge.torch.cuda.Stream()  # type: ignore[attr-defined]
+    arena = _Bytes("arena", log, 4096)
+    out_start, end = 1024, 4096
+    for _ in range(2):  # the layout's first window (warmed first) and a second one (not again)
+        judge.stage(arena, end)
+        log.steps.clear()
+        judge.open(arena, out_start, end, flush=lambda: log.steps.append(("flush",)))
+        go = next(i for i, step in enumerate(log.steps) if step[0] == "wait")
+        before, after = log.steps[:go], log.steps[go + 1:]
+        assert log.steps[go][1] == arena.data_ptr() + gate.GO_OFFSET
+        assert not [s for s in before if s[0] == "copy" and s[2][0] == "arena"]  # nothing copied into the arena
+        assert not [s for s in before if s[0] == "fill" and s[1][0] == "arena" and s[1][1] < out_start]
+        assert ("copy", ("mirror", gate.GATE_BYTES, out_start), ("arena", gate.GATE_BYTES, out_start)) in after
+        assert ("fill", ("arena", out_start, end), 0xFF) in after and ("flush",) in after
+        assert after[0] == ("event",)  # E0 first: the inputs land inside the window
+    assert len(judge.warmed) == 1

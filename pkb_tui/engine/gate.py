@@ -204,13 +204,17 @@ class JudgeGate:
         torch = self.torch
         layout = (arena.data_ptr(), self.mirror.data_ptr(), out_start, end)
         if layout not in self.warmed:
-            # The window's own operations run once unheld first: with lazy module loading (CUDA's
-            # default) the first launch of a kernel behind the held wait can block this host until
-            # go, which only this host releases (bench/gate_depth.py hung so). Before the window,
-            # nothing in the arena is read: the inputs land again inside it.
-            self._window_work(arena, out_start, end, flush)
+            # The window's own operations run once unheld first, on the same slices: with lazy
+            # module loading (CUDA's default) the first launch of a kernel behind the held wait can
+            # block this host until go, which only this host releases (bench/gate_depth.py hung
+            # so). Never the staged inputs into the arena: the runner is awake now, and inputs it
+            # saw before go would let it compute the block outside the window (the head-start
+            # attack). The copies in the window are device-to-device memcpys of contiguous bytes,
+            # as this one is; the poison and the flush are the kernels.
             with torch.cuda.stream(self.stream):
                 self.mirror[out_start:end].copy_(arena[out_start:end])
+                arena[out_start:end].fill_(0xFF)
+                flush()
             self.stream.synchronize()
             self.warmed.add(layout)
         self.seq += 1
