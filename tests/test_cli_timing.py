@@ -129,6 +129,24 @@ def test_the_noise_floor_on_a_cpu_box_is_measured_through_the_launcher(monkeypat
     assert run["model"] == "baseline" and stored["noise_floor_fraction"] == row["noise_floor_fraction"]
     table = cal.format_table({"gpu_count": 0}, [row], {})
     assert "noise_floor" in table and "(cpu mode)" in table
+    # A later run on this database holds the floor in its interval (stats.widened), says so, and
+    # its verdicts do not apply it again.
+    from pkb_tui.engine.launcher import Launcher
+    from pkb_tui.engine.request import RunRequest
+
+    floor = row["noise_floor_fraction"]
+    request = RunRequest(tasks=["all_reduce"], models=["baseline"], world_size=2, mode="cpu", size="small",
+                         trials=1, iterations=2, warmup=1, profile=False)
+    (run_id,) = Launcher(db, runs_dir=tmp_path / "runs").run(request).run_ids
+    with Store(db) as store:
+        later = store.run(run_id)
+    candidate = later["results"]["candidate"]
+    assert later["status"] == "passed", later["status_detail"]
+    assert candidate["noise_floor_fraction"] == pytest.approx(floor)
+    assert floor > 0 and candidate["speedup_low"] is not None  # gloo on two cores is never exactly 1.0
+    assert candidate["interval_floor"] == pytest.approx(floor)
+    assert "widened by this host's spread" in candidate["speedup_note"]
+    assert candidate["within_noise"] == int(candidate["speedup_low"] <= 1.0 <= candidate["speedup_high"])
 
 
 def test_the_result_and_history_screens_show_intervals_noise_and_the_basis(tmp_path):
