@@ -928,6 +928,11 @@ def cmd_show(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         out.write(f"  detail: {run['status_detail']}\n")
     for note in summary["notes"]:
         out.write(f"  note: {note}\n")
+    from pkb_tui.engine.timing import capped_at_alone
+
+    speedup_note = (run["results"].get("candidate") or {}).get("speedup_note")
+    if capped_at_alone(speedup_note):
+        out.write(f"  speedup: {speedup_note}\n")
     _print_runs_table([summary], out)
     for trial in sorted(run["trial_results"], key=lambda t: (t["trial"] < 0, t["trial"])):
         label = "timed" if trial["trial"] < 0 else str(trial["trial"])

@@ -215,3 +215,27 @@ def test_the_noise_floor_is_kept_per_timing_method_and_a_run_is_judged_by_its_ow
     assert cal._figure_text({**row, "kind": "noise_floor"}) == "+-25.0% (graph +-1.0%)"
     # nothing passed: no floor
     assert cal.noise_floors_from_runs([runs[2]])[1] == {"eager": None, "graph": None}
+
+
+def test_a_speedup_capped_at_the_speed_alone_says_so_in_show_and_on_the_result_screen(cli, tmp_db):
+    from pkb_tui.app.screens.result import speedup_cell
+    from pkb_tui.engine import stats, timing
+
+    run_id = _stored_run(tmp_db)
+    alone = stats.SpeedupEstimate(1.1, 0.8, 1.6, "median of 6 per-round ratios", 6, 0.95)
+    with Store(tmp_db) as store:
+        stored = store.run(run_id)["results"]["candidate"]
+        capped = timing.cap_at_alone({**stored, "speedup": 4.4, "speedup_eager": 4.4, "speedup_eager_low": 1.75,
+                                      "speedup_eager_high": 6.1}, alone, "eager", 139)
+        store.add_result(run_id, "candidate", {k: capped[k] for k in ("speedup", "speedup_low", "speedup_high",
+                                                                       "speedup_eager", "speedup_note")})
+    text = cli("show", str(run_id)).out
+    assert "speedup: the speedup of calls one at a time (1.10x [0.80, 1.60])" in text
+    assert "in blocks of 139 calls it read eager 4.40x [1.75, 6.10]" in text
+    with Store(tmp_db) as store:
+        cell = speedup_cell(store.run(run_id)["results"]["candidate"], "candidate").plain
+    assert "1.10" in cell and "calls one at a time" in cell
+    plain = _stored_run(tmp_db)
+    assert "speedup:" not in cli("show", str(plain)).out
+    with Store(tmp_db) as store:
+        assert "calls one at a time" not in speedup_cell(store.run(plain)["results"]["candidate"], "candidate").plain

@@ -109,6 +109,14 @@ def batched(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Ro
             f"whose next call waits for this one has")
 
 
+ALONE_NOTE = "the speedup of calls one at a time"  # how cap_at_alone's note begins (the screens show it)
+
+
+def capped_at_alone(note: str | None) -> bool:
+    """Whether a results row's speedup_note says its figure is the speed alone (cap_at_alone)."""
+    return bool(note) and str(note).startswith(ALONE_NOTE)
+
+
 def unconfirmed_in_blocks(block_rounds: tuple[Rounds, Rounds], single_rounds: tuple[Rounds, Rounds], calls: int,
                           limit: float, statistic: str = "median") -> SpeedupEstimate | None:
     """The speedup one call at a time where the one in blocks looks like batching and the intervals
@@ -147,7 +155,7 @@ def cap_at_alone(candidate: dict[str, Any], alone: SpeedupEstimate, basis: str, 
                    speedup_high=out[f"speedup_{basis}_high"],
                    within_noise=faster.within_noise(out[f"speedup_{basis}_low"], out[f"speedup_{basis}_high"],
                                                     faster.floor_to_apply({**out, "noise_floor_fraction": noise_floor_fraction})))
-    out["speedup_note"] = (f"the speedup of calls one at a time ({alone.point:.2f}x [{alone.low:.2f}, {alone.high:.2f}]): "
+    out["speedup_note"] = (f"{ALONE_NOTE} ({alone.point:.2f}x [{alone.low:.2f}, {alone.high:.2f}]): "
                            f"in blocks of {in_blocks_calls} calls it read {', '.join(capped)}, which calls alone did not "
                            f"confirm within the timing budget (a runner that turns a block's calls into fewer "
                            f"operations gains that way; timing.batched)")

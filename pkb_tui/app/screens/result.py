@@ -34,6 +34,7 @@ from pkb_tui.app.format import (
 from pkb_tui.app.widgets.chart import PlotextChart
 from pkb_tui.app.widgets.keybar import KeyBar
 from pkb_tui.engine.modes import CPU_MODE_LABEL
+from pkb_tui.engine.timing import capped_at_alone
 from pkb_tui.errors import PkbError
 from pkb_tui.store.store import node_telemetry_line, node_wire_lines
 
@@ -92,6 +93,9 @@ def speedup_cell(result: dict[str, Any] | None, variant: str) -> Text:
         floor = result.get("noise_floor_fraction")
         spread = f" (±{floor:.1%})" if floor else ""
         text.append(f"\nwithin this host's noise{spread}: not distinguishable from the baseline", style="yellow")
+    if capped_at_alone(result.get("speedup_note")):
+        text.append("\nthe speed of calls one at a time: in blocks it read more, which calls alone did not confirm",
+                    style="yellow")
     return text
 
 
