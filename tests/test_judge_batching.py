@@ -31,7 +31,15 @@ def test_a_runner_that_batches_a_blocks_calls_fails_and_the_honest_reference_pas
                  "--m", "8", "--n", "8", "--trials", "2", "--no-profile", "--json")
     runs = {r["model"]: r for r in result.json()["runs"]}
     batch, honest = runs["solutions_batch"], runs["solutions_honest"]
-    assert batch["status"] == "failed", batch
-    assert "timing inconsistent" in batch["status_detail"] and "one call at a time" in batch["status_detail"], batch
-    assert batch["correct"] is False  # a failed run is not counted correct anywhere (leaderboard, fast_p)
+    # Never credited with its speed in blocks: failed by the check where the intervals decide, else
+    # reported at the speed of its calls one at a time (on this 2-core box, 2026-12-06: 3.1-3.6x in
+    # blocks against ~1x alone, the check's 3x limit undecided, both before and after the cap).
+    if batch["status"] == "failed":
+        assert "timing inconsistent" in batch["status_detail"] and "one call at a time" in batch["status_detail"], batch
+        assert batch["correct"] is False  # a failed run is not counted correct anywhere (leaderboard, fast_p)
+    else:
+        assert batch["status"] == "passed", batch
+        assert (batch["speedup_note"] or "").startswith("the speedup of calls one at a time"), batch
+        assert batch["speedup"] < 2.0 and batch["speedup_eager"] < 2.0, batch  # in blocks it reads 3x and more
     assert honest["status"] == "passed", honest
+    assert not (honest["speedup_note"] or "").startswith("the speedup of calls one at a time"), honest
