@@ -213,8 +213,7 @@ class JudgeGate:
             # as this one is; the poison and the flush are the kernels.
             with torch.cuda.stream(self.stream):
                 self.mirror[out_start:end].copy_(arena[out_start:end])
-                arena[out_start:end].fill_(0xFF)
-                flush()
+            self._window_work(arena, out_start, end, flush, inputs=False)
             self.stream.synchronize()
             self.warmed.add(layout)
         self.seq += 1
@@ -225,10 +224,11 @@ class JudgeGate:
         self._window_work(arena, out_start, end, flush)
         return window
 
-    def _window_work(self, arena: Any, out_start: int, end: int, flush: Any) -> None:
-        """On the gate stream: the staged inputs copied into the arena, its output slots poisoned, L2 flushed."""
+    def _window_work(self, arena: Any, out_start: int, end: int, flush: Any, *, inputs: bool = True) -> None:
+        """On the gate stream: the staged inputs copied into the arena (``inputs``), its output
+        slots poisoned, L2 flushed."""
         with self.torch.cuda.stream(self.stream):
-            if out_start > GATE_BYTES:
+            if inputs and out_start > GATE_BYTES:
                 arena[GATE_BYTES:out_start].copy_(self.mirror[GATE_BYTES:out_start])
             arena[out_start:end].fill_(0xFF)  # poison: a slot the runner never writes reads NaN
             flush()

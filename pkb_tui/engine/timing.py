@@ -168,8 +168,4 @@ def batching_unresolved(block_rounds: tuple[Rounds, Rounds], single_rounds: tupl
     the judge then times more rounds (to its round limit and time budget), so a batching runner on
     a noisy clock is not let through for want of rounds (gloo on the 2-core box: calls alone of one
     code read 100-4,900 us, and six rounds bound nothing)."""
-    estimates = _estimates(block_rounds, single_rounds, calls, statistic)
-    if estimates is None:
-        return False
-    in_blocks, alone = estimates
-    return _gap(in_blocks.point, alone.point, limit) and not _gap(in_blocks.low, alone.high, limit)
+    return unconfirmed_in_blocks(block_rounds, single_rounds, calls, limit, statistic) is not None
