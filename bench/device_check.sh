@@ -3,7 +3,8 @@
 #   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu] [judge] [soak] [gate] [selfcheck] [pkb]
 #   (default: engine tasks collectors gpu judge)
 #   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults, batching check,
-#   self-check of every task); JUDGE_PARTS picks its parts (default all).
+#   self-check of every task); JUDGE_PARTS picks its parts (default all), ADV_CONFIGS the adversarial
+#   suite's modes (default nccl:1,shared-gpu:2), ADV_ATTACKS a subset of its attacks.
 #   soak: bench/soak.py on this box's GPU (SOAK_MINUTES, default 3; SOAK_TIMEOUT per run, default 25 s: a launch's
 #   start-up on the H100 took over 10 s, which the first run's timeout counts), its database copied to $OUT.
 #   gate: the GPU gate (engine.gate, PKB_GPU_GATE=1): judge_gpu_check's gate part (fixtures), then
@@ -77,7 +78,8 @@ for section in $sections; do
     ;;
   judge)
     echo "=== judge (bench/judge_gpu_check.py)"
-    timeout 1500 $PY bench/judge_gpu_check.py --out "$OUT" --parts "${JUDGE_PARTS:-smoke,adversarial,spin,faults,batching,selfcheck}" 2>&1 \
+    timeout 1500 $PY bench/judge_gpu_check.py --out "$OUT" --parts "${JUDGE_PARTS:-smoke,adversarial,spin,faults,batching,selfcheck}" \
+      --adversarial-configs "${ADV_CONFIGS:-nccl:1,shared-gpu:2}" 2>&1 \
       | tee "$OUT/judge_check.txt" | tail -90
     ;;
   soak)

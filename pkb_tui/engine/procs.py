@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -61,6 +62,92 @@ def subtree(children: dict[int, list[int]], pid: int) -> list[int]:
 
 def descendants(pid: int) -> list[int]:
     return subtree(children_by_parent(), pid)
+
+
+def _children_of(pid: int) -> list[int]:
+    """``pid``'s children from /proc/<pid>/task/*/children (FileNotFoundError where the kernel
+    has no such file: CONFIG_PROC_CHILDREN off, or gVisor)."""
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.extend(int(child) for child in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{task}"):
+                continue  # the thread ended
+            raise
+    return out
+
+
+def subtree_but(pid: int, spared: set[int]) -> list[int]:
+    """The descendants of ``pid`` without the trees rooted at ``spared``: a walk over the tree's
+    children files (a few reads) where the kernel has them, else one pass over /proc."""
+    try:
+        out, stack = [], [pid]
+        while stack:
+            parent = stack.pop()
+            try:
+                children = _children_of(parent)
+            except FileNotFoundError:
+                if parent == pid or os.path.exists(f"/proc/{parent}"):
+                    raise
+                continue  # it ended while we walked
+            for child in children:
+                if child not in spared:
+                    out.append(child)
+                    stack.append(child)
+        return out
+    except FileNotFoundError:
+        tree = children_by_parent()
+        skip = {p for root in spared for p in (root, *subtree(tree, root))}
+        return [p for p in subtree(tree, pid) if p not in skip]
+
+
+def start_ticks(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): tells a process from a later one that
+    got its pid. None when it is gone."""
+    try:
+        return int(_stat_fields(pid)[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stop_outside_group(list_pids: Any, group: int, max_looks: int = 32) -> list[tuple[int, int]]:
+    """SIGSTOP every process ``list_pids()`` names that is not in process group ``group`` (the
+    caller stopped that group with killpg: a fork in flight takes a group's stop along). A process
+    outside the group was running while it was listed and may have forked before its stop landed,
+    so the list is looked at again until it names nobody new. Returns (pid, start ticks) of those
+    stopped, for ``continue_stopped``."""
+    stopped: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    for _ in range(max_looks):
+        new = [p for p in list_pids() if p not in seen]
+        seen.update(new)
+        stopped_now = 0
+        for pid in new:
+            try:
+                if os.getpgid(pid) == group:
+                    continue
+                ticks = start_ticks(pid)
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                continue
+            if ticks is not None:
+                stopped.append((pid, ticks))
+                stopped_now += 1
+        if not stopped_now:
+            break  # nothing outside the group was running when listed: nothing new can have started
+    return stopped
+
+
+def continue_stopped(stopped: list[tuple[int, int]]) -> None:
+    """SIGCONT each process ``stop_outside_group`` stopped that is still the same process."""
+    for pid, ticks in stopped:
+        if start_ticks(pid) == ticks:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
 
 
 def state(pid: int) -> str | None:

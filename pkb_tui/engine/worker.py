@@ -202,6 +202,7 @@ class RunnerProcess:
             os.close(to_runner_r)
             os.close(from_runner_w)
         self.stopped = False
+        self.escapees: list[tuple[int, int]] = []  # (pid, start ticks) stopped outside its group
         channel.send(self.to_runner, {
             "rank": judge.rank, "world_size": judge.world_size, "mode": judge.mode, "device": str(judge.device),
             # In the group's own network namespace the rendezvous is on its loopback.
@@ -321,9 +322,16 @@ class RunnerProcess:
                 self.stopped = True
             except OSError:
                 pass
+            if self.stopped and self.label == "candidate":
+                # What it started in a session of its own (setsid, a double fork the judge adopted)
+                # is outside that group: stopped too, or it works on while the baseline is timed
+                # (and slows it) or after the candidate said it was done.
+                self.escapees = procs.stop_outside_group(lambda: self.judge._candidate_pids(self), self.proc.pid)
 
     def resume(self) -> None:
         if self.stopped:
+            procs.continue_stopped(self.escapees)
+            self.escapees = []
             try:
                 os.killpg(self.proc.pid, signal.SIGCONT)
             except OSError:
@@ -524,13 +532,9 @@ class Rank:
 
     def _candidate_pids(self, runner: RunnerProcess) -> list[int]:
         """This judge's descendants but the fork server's, and other runners', trees."""
-        children = procs.children_by_parent()
-        spared: set[int] = set()
-        for other in [*(r for r in list(self.runners) if r is not runner), self.forkserver]:
-            if other is not None:
-                spared.add(other.pid)
-                spared.update(procs.subtree(children, other.pid))
-        return [pid for pid in procs.subtree(children, os.getpid()) if pid not in spared]
+        spared = {other.pid for other in [*(r for r in list(self.runners) if r is not runner), self.forkserver]
+                  if other is not None}
+        return procs.subtree_but(os.getpid(), spared)
 
     def gather(self, value: Any) -> list[Any] | None:
         out = [None] * self.world_size if self.rank == 0 else None
