@@ -1,14 +1,50 @@
-"""Count a self-check's figures against issue 11's targets: python bench/selfcheck_count.py RUN.json
+"""Count a self-check's figures against issue 11's targets.
+
+    python bench/selfcheck_count.py RUN.json
+    python bench/selfcheck_count.py --calibration CALIBRATE.json
 
 RUN.json: `pkb-tui run --task ... --model baseline --json` (the baseline timed against itself).
 Prints per task the basis's speedup and interval (and interval_floor: the host's floor folded in),
 then how many intervals hold 1.0 and how many points are within 3%, for the basis and per method.
+CALIBRATE.json: `pkb-tui calibrate --noise-only --json`: per task the self-check's figures (the
+rounds' intervals alone) and what each asks of the floor (stats.noise_floor_from_selfchecks), then
+the floors stored.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+
+
+def calibration(path: str) -> int:
+    from pkb_tui.engine.stats import SpeedupEstimate, noise_floor_from_selfchecks
+
+    doc = json.load(open(path))
+    for row in doc.get("rows", []):
+        if row.get("kind") != "noise_floor":
+            continue
+        if row.get("skipped"):
+            print(f"noise floor skipped: {row['skipped']}")
+            continue
+        detail = row.get("detail") or {}
+        for task, entry in sorted((detail.get("tasks") or {}).items()):
+            line = [f"{task:30s}"]
+            if "status" in entry:
+                line.append(entry["status"])
+            for prefix, name in (("", "eager"), ("graph_", "graph")):
+                point = entry.get(f"{prefix}speedup")
+                if point is None:
+                    continue
+                low, high = entry[f"{prefix}low"], entry[f"{prefix}high"]
+                need = noise_floor_from_selfchecks([SpeedupEstimate(point, low, high, "", 0, 0.95)])
+                line.append(f"{name} {point:.3f} [{low:.3f}, {high:.3f}] asks {need:.2%}")
+            print("  ".join(line))
+        graph = detail.get("graph_noise_floor_fraction")
+        print(f"floor: eager +-{row['noise_floor_fraction']:.2%}, graph "
+              f"{'-' if graph is None else f'+-{graph:.2%}'} ({len(detail.get('tasks') or {})} tasks; skipped: "
+              f"{len(detail.get('skipped') or [])})")
+    return 0
 
 
 def main(path: str) -> int:
@@ -36,4 +72,6 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--calibration":
+        sys.exit(calibration(sys.argv[2]))
     sys.exit(main(sys.argv[1]))

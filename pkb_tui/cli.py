@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--no-noise", action="store_true", help="skip the noise floor (the baseline timed against itself)")
     calibrate.add_argument("--noise-only", action="store_true",
                            help="measure only the noise floor (works without a GPU: cpu mode)")
+    calibrate.add_argument("--noise-tasks", metavar="all|collectives|ID[,ID...]",
+                           help="the noise floor's self-check tasks (default: all on a GPU, ~5-10 min; the eight "
+                                "collectives in cpu mode)")
     calibrate.add_argument("--json", action="store_true")
     calibrate.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)
     calibrate.add_argument("--runs-dir", dest="sub_runs_dir", help=argparse.SUPPRESS)
@@ -1114,6 +1117,9 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
     from pkb_tui.engine.calibrate import calibrate_command
     from pkb_tui.store import default_db_path
 
+    if args.noise_tasks is not None and (args.no_noise or args.network):
+        raise PkbError("--noise-tasks picks the noise floor's self-check tasks; leave it out with "
+                       f"{'--no-noise' if args.no_noise else '--network'}.")
     if args.network:
         return _calibrate_network(args, db, out)
     if args.nnodes != 1 or args.slurm or args.node_rank or args.rdzv_endpoint:
@@ -1123,7 +1129,7 @@ def cmd_calibrate(args: argparse.Namespace, db: Path | None, out: TextIO) -> int
         raise PkbError("--timeout bounds the --network measurement; this host's own figures have their own time "
                        "limits. Leave --timeout out, or add --network.")
     return calibrate_command(str(db or default_db_path()), args.json, args.quick, out=out, noise=not args.no_noise,
-                             noise_only=args.noise_only)
+                             noise_only=args.noise_only, noise_tasks=args.noise_tasks)
 
 
 def _calibrate_network(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:

@@ -189,3 +189,20 @@ def test_calibrate_refuses_a_timeout_that_only_the_network_measurement_reads(cli
     assert not db.exists()  # refused before anything was measured or written
     bad = cli("--db", str(db), "calibrate", "--network", "--nnodes", "2", "--timeout", "0")
     assert bad.code == 2 and "--timeout must be positive" in bad.err + bad.out
+
+
+def test_the_noise_floor_self_check_tasks_are_picked_and_checked_before_anything_runs(cli, tmp_path):
+    assert cal.noise_tasks_for("nccl") == ("all",)  # on a GPU every task
+    assert cal.noise_tasks_for("cpu") == cal.NOISE_TASKS
+    assert cal.noise_tasks_for("cpu", "all") == ("all",)
+    assert cal.noise_tasks_for("nccl", "collectives") == cal.NOISE_TASKS
+    assert cal.noise_tasks_for("cpu", " all_reduce, gather ,all_reduce") == ("all_reduce", "gather")
+    db = tmp_path / "runs.db"
+    bad = cli("--db", str(db), "calibrate", "--noise-only", "--noise-tasks", "all_reduce,no_such_task")
+    assert bad.code == 2 and "Unknown task 'no_such_task'" in bad.err + bad.out
+    assert not db.exists()  # refused before anything was measured or written
+    empty = cli("--db", str(db), "calibrate", "--noise-only", "--noise-tasks", " , ")
+    assert empty.code == 2 and "--noise-tasks takes all, collectives or task ids" in empty.err + empty.out
+    pointless = cli("--db", str(db), "calibrate", "--no-noise", "--noise-tasks", "all")
+    assert pointless.code == 2 and "leave it out with --no-noise" in pointless.err + pointless.out
+    assert not db.exists()

@@ -129,24 +129,37 @@ def test_the_noise_floor_on_a_cpu_box_is_measured_through_the_launcher(monkeypat
     assert run["model"] == "baseline" and stored["noise_floor_fraction"] == row["noise_floor_fraction"]
     table = cal.format_table({"gpu_count": 0}, [row], {})
     assert "noise_floor" in table and "(cpu mode)" in table
-    # A later run on this database holds the floor in its interval (stats.widened), says so, and
-    # its verdicts do not apply it again.
+    # The self-check's own runs fold in no floor (their intervals are what the floor is made of).
+    assert run["results"]["candidate"]["interval_floor"] is None
+    # A later run on this database holds the latest floor in its interval (stats.widened), says so,
+    # and its verdicts do not apply it again. (This box's floor may be 0, every self-check holding
+    # 1.0: a floor of 30% is stored over it, as a noisier box would have measured.)
     from pkb_tui.engine.launcher import Launcher
     from pkb_tui.engine.request import RunRequest
 
-    floor = row["noise_floor_fraction"]
+    floor = 0.3
+    with Store(db) as store:
+        store.add_calibration(run["host_id"], [{"kind": "noise_floor", "noise_floor_fraction": floor, "mode": "cpu",
+                                                "detail": {"graph_noise_floor_fraction": None}}])
     request = RunRequest(tasks=["all_reduce"], models=["baseline"], world_size=2, mode="cpu", size="small",
                          trials=1, iterations=2, warmup=1, profile=False)
     (run_id,) = Launcher(db, runs_dir=tmp_path / "runs").run(request).run_ids
+    (alone_id,) = Launcher(db, runs_dir=tmp_path / "runs", noise_floor=False).run(request).run_ids
     with Store(db) as store:
-        later = store.run(run_id)
+        later, alone = store.run(run_id), store.run(alone_id)
     candidate = later["results"]["candidate"]
     assert later["status"] == "passed", later["status_detail"]
     assert candidate["noise_floor_fraction"] == pytest.approx(floor)
-    assert floor > 0 and candidate["speedup_low"] is not None  # gloo on two cores is never exactly 1.0
+    assert candidate["speedup_low"] is not None
     assert candidate["interval_floor"] == pytest.approx(floor)
     assert "widened by this host's spread" in candidate["speedup_note"]
+    assert candidate["speedup_high"] / candidate["speedup_low"] >= (1 + floor) ** 2 * 0.999  # at least the floor each side
     assert candidate["within_noise"] == int(candidate["speedup_low"] <= 1.0 <= candidate["speedup_high"])
+    # the same run with the floor left out (as calibrate's self-check runs): the rounds' interval alone
+    assert alone["status"] == "passed", alone["status_detail"]
+    assert alone["results"]["candidate"]["interval_floor"] is None
+    assert alone["results"]["candidate"]["noise_floor_fraction"] is None
+    assert "widened" not in (alone["results"]["candidate"]["speedup_note"] or "")
 
 
 def test_the_result_and_history_screens_show_intervals_noise_and_the_basis(tmp_path):
@@ -196,13 +209,15 @@ def test_the_noise_floor_is_kept_per_timing_method_and_a_run_is_judged_by_its_ow
 
     runs = [
         run(1, "all_reduce", "passed", speedup=1.10, speedup_eager=1.10, speedup_eager_low=1.0, speedup_eager_high=1.2,
-            speedup_graph=1.01, speedup_graph_low=1.0, speedup_graph_high=1.02, rounds=8),
-        run(2, "broadcast", "passed", speedup=0.8, speedup_eager=0.8, speedup_eager_low=0.7, speedup_eager_high=0.9,
+            speedup_graph=1.01, speedup_graph_low=1.01, speedup_graph_high=1.02, rounds=8),
+        run(2, "broadcast", "passed", speedup=0.8, speedup_eager=0.8, speedup_eager_low=0.7, speedup_eager_high=0.8,
             rounds=8),  # not capturable: no graph figure
         run(3, "gather", "timeout"),
     ]
     per_task, floors = cal.noise_floors_from_runs(runs)
-    assert floors["eager"] == pytest.approx(0.25)  # 0.8x reads as 1/0.8 - 1
+    # all_reduce's eager interval holds 1.0 (asks for nothing); broadcast's reaches up to its point
+    # only, so the whole of 0.8x (1/0.8 - 1) is the floor; graph: 1.01 with nothing below it
+    assert floors["eager"] == pytest.approx(0.25)
     assert floors["graph"] == pytest.approx(0.01)
     assert per_task["all_reduce"]["graph_speedup"] == 1.01 and "graph_speedup" not in per_task["broadcast"]
     assert per_task["gather"] == {"run_id": 3, "status": "timeout"}

@@ -144,6 +144,25 @@ def test_noise_floor_from_selfchecks() -> None:
     assert stats.noise_floor_from_selfchecks([]) is None
 
 
+def test_the_noise_floor_asks_only_for_what_the_rounds_interval_does_not_cover() -> None:
+    # 1.05x whose rounds' interval reaches down to 1.03: the floor is the rest, in quadrature
+    # (log space), and with it the widened interval just holds 1.0.
+    leaning = stats.SpeedupEstimate(1.05, 1.03, 1.07, "", 8, 0.95)
+    floor = stats.noise_floor_from_selfchecks([leaning])
+    expected = math.expm1(math.sqrt(math.log(1.05) ** 2 - math.log(1.05 / 1.03) ** 2))
+    assert floor == pytest.approx(expected)
+    assert 0.0 < floor < 0.05  # less than the point's whole distance from 1.0
+    assert stats.widened(leaning, floor).low == pytest.approx(1.0)
+    assert stats.widened(leaning, floor * 0.9).low > 1.0
+    # below 1.0 the high side faces 1.0; an interval that holds 1.0 asks for nothing
+    slow = stats.SpeedupEstimate(0.98, 0.979, 0.985, "", 8, 0.95)
+    assert stats.widened(slow, stats.noise_floor_from_selfchecks([slow])).high == pytest.approx(1.0)
+    holding = stats.SpeedupEstimate(1.3, 0.8, 2.0, "", 8, 0.95)
+    assert stats.noise_floor_from_selfchecks([holding]) == 0.0
+    # the host's floor is what its worst self-check asks for
+    assert stats.noise_floor_from_selfchecks([holding, slow, leaning]) == pytest.approx(expected)
+
+
 def test_timing_result_fields_fill_both_methods_and_the_picked_one() -> None:
     b_eager, c_eager = _pair(1, 1.5)
     b_graph, c_graph = _pair(2, 3.0)

@@ -48,9 +48,31 @@ GiB = 1024 * MiB
 LATENCY_SIZES = (8, 1024, 8 * 1024)
 DEFAULT_ALLREDUCE_SIZES = (*LATENCY_SIZES, 64 * 1024, 1 * MiB, 16 * MiB, 128 * MiB, 512 * MiB, 1 * GiB)
 QUICK_ALLREDUCE_SIZES = (*LATENCY_SIZES, 16 * MiB, 256 * MiB)
-# The self-check of the noise floor: the eight collectives at size small (latency-bound on a GPU,
-# a few ms on gloo), the baseline as its own candidate.
+# The self-check of the noise floor: the baseline as its own candidate at size small. On a GPU every
+# task: the eight collectives alone under-read the spread between two processes running the same
+# code (H100, 2026-12-06: their floor +-1.0% graph, while gather, reduce_scatter, scatter and
+# tp_allgather_gemm read 0.981-1.014 in the all-task self-check, their rounds' intervals +-0.1-0.4%).
+# cpu (gloo on a small box, minutes a task): the eight collectives (`--noise-tasks` picks either way).
 NOISE_TASKS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter")
+
+
+def noise_tasks_for(mode: str, spec: str | None = None) -> tuple[str, ...]:
+    """The self-check's tasks: ``spec`` "all" (every task, ("all",)), "collectives" (NOISE_TASKS)
+    or a comma list of task ids; None: every task on a GPU, the collectives in cpu mode.
+    An unknown id is a usage error (PkbError) before anything runs."""
+    from tasks.base import load_task
+
+    spec = (spec or ("collectives" if mode == "cpu" else "all")).strip()
+    if spec == "all":
+        return ("all",)
+    if spec == "collectives":
+        return NOISE_TASKS
+    ids = tuple(dict.fromkeys(t.strip() for t in spec.split(",") if t.strip()))
+    if not ids:
+        raise PkbError("--noise-tasks takes all, collectives or task ids separated by commas (got nothing).")
+    for task_id in ids:
+        load_task(task_id)  # "Unknown task ...; `pkb-tui tasks` lists ..."
+    return ids
 NO_GPU_MESSAGE = (
     "pkb-tui calibrate measures GPU memory, peer links and NCCL, and this machine has no GPU visible "
     "to torch (torch.cuda.is_available() is False); nothing was measured. Run it on the GPU box; "
@@ -386,19 +408,27 @@ def measure_noise_floor(
     """Time the baseline against itself through the normal launcher and return a noise_floor row
     (host_id set to the host the runs recorded, which in cpu mode is the GPU-less view of this box).
 
-    The floor is the largest distance of any self-check's speedup from 1.0 (stats.noise_floor_from_selfchecks):
-    a candidate whose interval reaches into [1/(1+f), 1+f] could be this box's noise.
+    Per timing method, the floor is the least spread between processes with which every
+    self-check's interval holds 1.0 (stats.noise_floor_from_selfchecks, on the rounds' intervals:
+    these runs fold in no earlier floor). Later runs widen their intervals by it (stats.widened).
+    ``tasks``: noise_tasks_for(mode) where None. On a GPU the speedups are read from the graph
+    figure where a call can be captured, so those tasks stop once it is narrow (the eager figure
+    comes with it); the rest take the eager figure's time budget.
     """
     from pkb_tui.engine.launcher import Launcher
     from pkb_tui.engine.request import RunRequest
     from pkb_tui.store.store import Store
+    from pkb_tui.engine.worker import TIMING_BUDGET_S
+    from tasks.base import all_tasks
 
     say = progress or (lambda _msg: None)
-    tasks = tasks or NOISE_TASKS
-    say(f"noise floor: the baseline against itself, {len(tasks)} tasks at size {size}, {mode} x{world_size}")
+    tasks = tasks or noise_tasks_for(mode)
+    count = len(all_tasks()) if tasks == ("all",) else len(tasks)
+    say(f"noise floor: the baseline against itself, {count} tasks at size {size}, {mode} x{world_size} "
+        f"(up to ~{TIMING_BUDGET_S['cpu' if mode == 'cpu' else 'cuda']:g} s of timing a task)")
     request = RunRequest(tasks=list(tasks), models=["baseline"], world_size=world_size, mode=mode, size=size,
-                         trials=1, profile=False, timeout_s=600.0)
-    outcome = Launcher(db_path).run(request)
+                         trials=1, profile=False, timeout_s=600.0, speedup_basis="eager" if mode == "cpu" else "graph")
+    outcome = Launcher(db_path, noise_floor=False).run(request)
     with Store(db_path) as store:
         runs = [store.run(run_id) for run_id in outcome.run_ids]
     per_task, floors = noise_floors_from_runs(runs)
@@ -410,8 +440,10 @@ def measure_noise_floor(
             "measured_at": time.time(), "gpu_a": None, "gpu_b": None, "size_bytes": None, "bandwidth_gbps": None,
             "detail": {"world_size": world_size, "size": size, "tasks": per_task,
                        "graph_noise_floor_fraction": floors["graph"],
-                       "method": "baseline vs itself through the launcher; floor = max |speedup - 1| (as 1 - 1/x below 1), "
-                                 "per timing method (eager in the column, graph in detail)"}}
+                       "tasks_asked": list(tasks), "skipped": list(outcome.skipped or []),
+                       "method": "baseline vs itself through the launcher, intervals from the rounds alone; per timing "
+                                 "method (eager in the column, graph in detail) the least spread with which every "
+                                 "self-check's interval, widened by it in quadrature, holds 1.0"}}
 
 
 def noise_floors_from_runs(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float | None]]:
@@ -521,10 +553,12 @@ def calibrate(
     return rows
 
 
-def calibrate_noise(store: Any, host_id: int, mode: str, world_size: int, *, progress: Progress | None = None) -> dict[str, Any]:
-    """Measure and store this host's noise floor in ``mode``; returns the row (or a skipped row)."""
+def calibrate_noise(store: Any, host_id: int, mode: str, world_size: int, *, progress: Progress | None = None,
+                    tasks: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Measure and store this host's noise floor in ``mode`` (over ``tasks``: noise_tasks_for);
+    returns the row (or a skipped row)."""
     try:
-        row = measure_noise_floor(str(store.path), mode, world_size, progress=progress)
+        row = measure_noise_floor(str(store.path), mode, world_size, tasks=tasks, progress=progress)
     except PkbError as exc:
         return _skipped("noise_floor", str(exc))
     store.add_calibration(row.pop("host_id") or host_id, [row])
@@ -571,7 +605,7 @@ def datasheet_for(facts: dict[str, Any]) -> dict[str, Any]:
 
 def calibrate_command(
     db_path: str | None, as_json: bool, quick: bool, out: TextIO = sys.stdout, *, noise: bool = True,
-    noise_only: bool = False,
+    noise_only: bool = False, noise_tasks: str | None = None,
 ) -> int:
     """`pkb-tui calibrate`: measure, store, print a table (or JSON). Returns the exit code.
 
@@ -590,11 +624,12 @@ def calibrate_command(
     facts = host_facts()
     progress = None if as_json else (lambda msg: print(f"  measuring {msg} ...", file=sys.stderr, flush=True))
     mode, world = ("nccl", min(gpus, 8)) if gpus else ("cpu", 2)
+    tasks = noise_tasks_for(mode, noise_tasks) if noise or noise_only else None  # a bad id: before anything runs
     with Store(db_path) as store:
         host_id = store.upsert_host(facts)
         rows = [] if noise_only else calibrate(store, host_id, quick=quick, progress=progress)
         if noise or noise_only:
-            rows.append(calibrate_noise(store, host_id, mode, world, progress=progress))
+            rows.append(calibrate_noise(store, host_id, mode, world, progress=progress, tasks=tasks))
         db = str(store.path)
     sheet = datasheet_for(facts)
     if as_json:

@@ -169,10 +169,13 @@ class _RunState:
 
 class Launcher:
     def __init__(self, db_path: Path | str | None = None, *, runs_dir: Path | str | None = None,
-                 cluster: Cluster | None = None) -> None:
+                 cluster: Cluster | None = None, noise_floor: bool = True) -> None:
         self.db_path = Path(db_path) if db_path is not None else default_db_path()
         self.runs_dir = Path(runs_dir).resolve() if runs_dir is not None else self.db_path.resolve().parent / "pkb-runs"
         self.cluster = cluster or Cluster()
+        # False: intervals from the rounds alone, no calibrated floor folded in (calibrate's own
+        # self-check measures the floor from those).
+        self.use_noise_floor = noise_floor
         self.telemetry: Any = None  # a collectors.telemetry.Telemetry while a batch runs
         self._ring: Any = None  # its ring of samples, kept to the batch's end (a database lost at the very end)
         self.skipped: list[str] = []
@@ -951,7 +954,7 @@ class Launcher:
         self._host_id = host_id
         self._calibration = store.latest_calibration(host_id)
         self._latency = store.latest_link_latency(host_id)
-        self._noise_floor = store.latest_noise_floor(host_id, self._mode)
+        self._noise_floor = store.latest_noise_floor(host_id, self._mode) if self.use_noise_floor else None
         for item in items:
             store.update_run(
                 states[item.index].run_id, host_id=host_id, mps_enabled=event.mps_enabled,

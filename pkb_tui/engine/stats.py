@@ -303,12 +303,25 @@ def widened(estimate: SpeedupEstimate, floor: float | None) -> SpeedupEstimate:
 
 
 def noise_floor_from_selfchecks(estimates: Sequence[SpeedupEstimate]) -> float | None:
-    """A host's noise floor from baseline-vs-itself runs: the largest distance of any self-check's
-    point from 1.0, as a fraction (0.03: self-checks read between 0.97x and 1.03x), or None."""
-    points = [e.point for e in estimates if e is not None and e.point > 0]
-    if not points:
+    """A host's noise floor from baseline-vs-itself runs, as a fraction (0.03: +-3%), or None.
+
+    The least spread between processes with which every self-check's interval, widened by it as
+    ``widened`` does (in quadrature, log space), holds 1.0: per self-check, the distance of its
+    point from 1.0 beyond what its own rounds' interval already covers. A self-check whose rounds
+    hold 1.0 asks for nothing; one read without an interval (low = high = point) asks for its whole
+    distance from 1.0. The intervals must be the rounds' alone (calibrate's runs fold in no floor).
+    """
+    needs = []
+    for e in estimates:
+        if e is None or e.point <= 0:
+            continue
+        distance = abs(math.log(e.point))
+        facing = e.low if e.point > 1.0 else e.high  # the interval's side towards 1.0
+        covered = abs(math.log(e.point / facing)) if facing and facing > 0 else 0.0
+        needs.append(math.sqrt(max(0.0, distance * distance - covered * covered)))
+    if not needs:
         return None
-    return max(max(p, 1.0 / p) - 1.0 for p in points)
+    return math.expm1(max(needs))
 
 
 @dataclass
