@@ -417,8 +417,8 @@ def measure_noise_floor(
     """
     from pkb_tui.engine.launcher import Launcher
     from pkb_tui.engine.request import RunRequest
-    from pkb_tui.store.store import Store
     from pkb_tui.engine.worker import TIMING_BUDGET_S
+    from pkb_tui.store.store import Store
     from tasks.base import all_tasks
 
     say = progress or (lambda _msg: None)
