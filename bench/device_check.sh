@@ -16,7 +16,7 @@
 #   selfcheck: issue 11's self-check as a user would run it: `pkb-tui calibrate --noise-only` (the host's
 #   floor over every task, folded into every later interval; ~6-7 min on the H100), then every task
 #   (SELFCHECK_TASKS) baseline against itself on that database, graph basis (SELFCHECK_BASIS), counted by
-#   bench/selfcheck_count.py. Split in two calls when one is too short: `noisefloor` runs the calibrate
+#   bench/selfcheck_count.py (NOISE_TASKS: calibrate's --noise-tasks, default all). Split in two calls when one is too short: `noisefloor` runs the calibrate
 #   alone (its database $OUT/selfcheck.db); `selfcheck` with SELFCHECK_FROM=<that database, carried back>
 #   skips the calibrate and times on a copy of it (the same host: the floor is kept per host).
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
@@ -118,7 +118,8 @@ for section in $sections; do
          FROM calibrations c JOIN hosts h ON h.id = c.host_id WHERE c.kind = 'noise_floor'"
     else
       echo "=== the noise floor (calibrate --noise-only, every task)"
-      timeout "${NOISEFLOOR_S:-560}" $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" calibrate --noise-only --json \
+      timeout "${NOISEFLOOR_S:-560}" $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" calibrate --noise-only \
+        --noise-tasks "${NOISE_TASKS:-all}" --json \
         >"$OUT/calibrate.json" 2>"$OUT/calibrate.err"
       echo "exit $?"; tail -5 "$OUT/calibrate.err"
       $PY bench/selfcheck_count.py --calibration "$OUT/calibrate.json" | tail -45
