@@ -3,7 +3,8 @@
     python bench/selfcheck_count.py RUN.json
     python bench/selfcheck_count.py --calibration CALIBRATE.json
 
-RUN.json: `pkb-tui run --task ... --model baseline --json` (the baseline timed against itself).
+RUN.json: `pkb-tui run --task ... --model baseline --json` (the baseline timed against itself), or
+`pkb-tui runs --json` where that run was cut short (its latest batch is counted).
 Prints per task the basis's speedup and interval (and interval_floor: the host's floor folded in),
 then how many intervals hold 1.0 and how many points are within 3%, for the basis and per method.
 CALIBRATE.json: `pkb-tui calibrate --noise-only --json`: per task the self-check's figures (the
@@ -49,6 +50,9 @@ def calibration(path: str) -> int:
 
 def main(path: str) -> int:
     doc = json.load(open(path))
+    if isinstance(doc, list):  # `pkb-tui runs --json` (a run cut short): its latest batch
+        latest = max(doc, key=lambda r: r.get("created_at") or 0, default={}).get("batch_id")
+        doc = {"runs": [{**r, "task": r["task_id"]} for r in doc if r.get("batch_id") == latest]}
     counts = {"basis": [0, 0, 0], "graph": [0, 0, 0], "eager": [0, 0, 0]}  # inside, within 3%, of
     for run in doc.get("runs", []):
         candidate = run.get("candidate") or {}
