@@ -442,9 +442,10 @@ def part_selfcheck(out: Path, report: dict, size: str = "small", timeout_s: int 
     graphs = sum(1 for r in rows if r["graph"])
     contain = sum(1 for r in rows if r["low"] is not None and r["low"] <= 1.0 <= r["high"])
     point_within = sum(1 for r in rows if r["speedup"] and abs(r["speedup"] - 1) <= 0.03)
-    # The host's noise floor as `pkb-tui calibrate` would set it (the eight collectives' largest |x - 1|,
-    # in this basis), and how many of the other tasks' intervals reach into it: an out-of-sample test
-    # of the "within noise" verdict and of the widened interval the fast_p rule uses.
+    # The host's noise floor as `pkb-tui calibrate --noise-tasks collectives` would set it from the
+    # eight collectives (stats.noise_floor_from_selfchecks, in this basis; exact where these intervals
+    # hold no earlier floor), and how many of the other tasks' intervals reach into it: an
+    # out-of-sample test of the "within noise" verdict and of the widened interval the fast_p rule uses.
     from pkb_tui.engine.calibrate import NOISE_TASKS
     from pkb_tui.engine.stats import SpeedupEstimate, noise_floor_from_selfchecks
     from pkb_tui.store.faster import within_noise

@@ -54,6 +54,13 @@ QUICK_ALLREDUCE_SIZES = (*LATENCY_SIZES, 16 * MiB, 256 * MiB)
 # tp_allgather_gemm read 0.981-1.014 in the all-task self-check, their rounds' intervals +-0.1-0.4%).
 # cpu (gloo on a small box, minutes a task): the eight collectives (`--noise-tasks` picks either way).
 NOISE_TASKS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter")
+NO_GPU_MESSAGE = (
+    "pkb-tui calibrate measures GPU memory, peer links and NCCL, and this machine has no GPU visible "
+    "to torch (torch.cuda.is_available() is False); nothing was measured. Run it on the GPU box; "
+    "cpu-mode results have no roofline. `pkb-tui calibrate --noise-only` measures this box's cpu-mode noise floor."
+)
+# Never switch NVLink multicast (NVLS) on: on a shared host it can take the GPUs out of service.
+SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def noise_tasks_for(mode: str, spec: str | None = None) -> tuple[str, ...]:
@@ -73,13 +80,7 @@ def noise_tasks_for(mode: str, spec: str | None = None) -> tuple[str, ...]:
     for task_id in ids:
         load_task(task_id)  # "Unknown task ...; `pkb-tui tasks` lists ..."
     return ids
-NO_GPU_MESSAGE = (
-    "pkb-tui calibrate measures GPU memory, peer links and NCCL, and this machine has no GPU visible "
-    "to torch (torch.cuda.is_available() is False); nothing was measured. Run it on the GPU box; "
-    "cpu-mode results have no roofline. `pkb-tui calibrate --noise-only` measures this box's cpu-mode noise floor."
-)
-# Never switch NVLink multicast (NVLS) on: on a shared host it can take the GPUs out of service.
-SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
 
 Progress = Callable[[str], None]
 
@@ -412,8 +413,9 @@ def measure_noise_floor(
     self-check's interval holds 1.0 (stats.noise_floor_from_selfchecks, on the rounds' intervals:
     these runs fold in no earlier floor). Later runs widen their intervals by it (stats.widened).
     ``tasks``: noise_tasks_for(mode) where None. On a GPU the speedups are read from the graph
-    figure where a call can be captured, so those tasks stop once it is narrow (the eager figure
-    comes with it); the rest take the eager figure's time budget.
+    figure where a call can be captured, so after their least rounds those tasks stop once it is
+    narrow (the eager figure comes with it; a task whose eager block is one call has 30 rounds at
+    least, ~13 s on the H100); the rest take the eager figure's time budget.
     """
     from pkb_tui.engine.launcher import Launcher
     from pkb_tui.engine.request import RunRequest
