@@ -5,8 +5,8 @@
 #   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults, batching check,
 #   self-check of every task); JUDGE_PARTS picks its parts (default all), ADV_CONFIGS the adversarial
 #   suite's modes (default nccl:1,shared-gpu:2), ADV_ATTACKS a subset of its attacks.
-#   soak: bench/soak.py on this box's GPU (SOAK_MINUTES, default 3; SOAK_TIMEOUT per run, default 25 s: a launch's
-#   start-up on the H100 took over 10 s, which the first run's timeout counts), its database copied to $OUT.
+#   soak: bench/soak.py on this box's GPU (SOAK_MINUTES, default 3; SOAK_TIMEOUT per run, default 25 s: a hanging
+#   candidate costs that much each), its database copied to $OUT.
 #   gate: the GPU gate (engine.gate, PKB_GPU_GATE=1): judge_gpu_check's gate part (fixtures), then
 #   one task and model (GATE_TASK, default dp_int8_allreduce, whose baseline hung in a gated block on the
 #   H100 before graphs were uploaded first; GATE_MODEL, default baseline) with every step traced

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--size", default="small", help="small, default or large")
     run.add_argument("--trials", type=int, default=3)
     run.add_argument("--timeout", type=float, default=300.0,
-                     help="wall seconds per run (task x model), the ranks' start-up included")
+                     help="wall seconds per run (task x model), from its start; the ranks' start-up has as long again")
     run.add_argument("--iterations", type=int, default=30, help="timed iterations per variant")
     run.add_argument("--warmup", type=int, default=5)
     run.add_argument("--no-timing", action="store_true", help="check correctness only")

@@ -203,10 +203,6 @@ class Agent:
         self.batch_dir = batch_dir
         self.batch_dir.mkdir(parents=True, exist_ok=True)
         spec = dict(message["spec"])
-        # The head's clock to ours (the offset it measured: ours minus its), for the first run's deadline.
-        offset = float(message.get("clock_offset_s") or 0.0)
-        if spec.get("launch_started_at"):
-            spec["launch_started_at"] = float(spec["launch_started_at"]) + offset
         host, port = self.config.channel
         spec.update(launcher=f"{host}:{port}", launcher_pid=os.getpid(), heartbeat_s=HEARTBEAT_S)
         rdzv = message["rendezvous"]

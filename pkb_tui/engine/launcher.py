@@ -64,7 +64,7 @@ STOPPED_LIMIT_S = 10.0
 
 def judge_grace_s(timeout_s: float) -> float:
     """Beyond a run's timeout, for its judges to end the candidate and report (a quarter of the
-    timeout, 5-60 s), so the timeout still bounds the wall time, start-up included."""
+    timeout, 5-60 s), so the timeout still bounds the wall time."""
     return min(60.0, max(5.0, 0.25 * float(timeout_s)))
 
 
@@ -388,8 +388,7 @@ class Launcher:
             for node in self._nodes.values():
                 server.send(node.peer, {
                     "t": "launch", "launch": launch, "batch_id": self._batch_id, "spec": spec, "nproc": 1,
-                    "node_timeout_s": self.cluster.node_timeout_s, "clock_offset_s": node.clock_offset_s,
-                    "module": netcal.MODULE,
+                    "node_timeout_s": self.cluster.node_timeout_s, "module": netcal.MODULE,
                     "rendezvous": {"nnodes": self.cluster.nnodes, "endpoint": rendezvous.endpoint, "run_id": rendezvous.run_id},
                 })
             self._proc = start_node_ranks(
@@ -724,7 +723,6 @@ class Launcher:
         batch_dir: Path, launch: int, mps, on_event: EventCallback | None, cancel: threading.Event,
     ) -> list[RunItem]:
         """One torchrun for these items. Returns the items still to run (after a timeout/crash)."""
-        started_at = time.time()
         server = self._server
         assert server is not None
         self._launch_no = launch
@@ -737,9 +735,6 @@ class Launcher:
         spec = {
             "request": request.to_dict(), "items": [i.to_dict() for i in items], "mode": mode,
             "batch_id": self._batch_id, "heartbeat_s": HEARTBEAT_S,
-            # The timeout bounds a run's wall time, the launch's start-up included: the judges
-            # count the first run's from here.
-            "launch_started_at": started_at,
             # What a candidate's runner may not read (engine.sandbox.candidate_read_denials): the
             # database and every model folder of the batch (a relaunch's items are only the rest).
             "db_path": str(self.db_path.resolve()), "runs_dir": str(self.runs_dir),
@@ -757,7 +752,6 @@ class Launcher:
                 self._server.send(node.peer, {
                     "t": "launch", "launch": launch, "batch_id": self._batch_id, "spec": spec,
                     "nproc": topology.ranks_per_node, "node_timeout_s": self.cluster.node_timeout_s,
-                    "clock_offset_s": node.clock_offset_s,
                     "rendezvous": {"nnodes": topology.nodes, "endpoint": rendezvous.endpoint, "run_id": rendezvous.run_id},
                 })
         self._proc = start_node_ranks(
@@ -772,9 +766,10 @@ class Launcher:
         pending = {item.index for item in items}
         current: int | None = None
         started = time.monotonic()
-        # The timeout bounds each run's wall time: the launch's first run counts the ranks' start-up
-        # too, later ones the time since the last finished. The judges end a candidate that outlives
-        # its timeout themselves; the grace is for them to do so and report.
+        # The timeout bounds the ranks' start-up, then each run's wall time from its start (a
+        # candidate is not charged for torchrun and NCCL coming up), and the gap after a run
+        # finished. The judges end a candidate that outlives its timeout themselves; the grace is
+        # for them to do so and report.
         deadline = started + request.timeout_s + judge_grace_s(request.timeout_s)
         last_beat = started
         any_run_started = False
@@ -804,6 +799,7 @@ class Launcher:
                 rank_of.update({pid: r for r, pid in by_node.get(0, {}).items()})
             elif isinstance(event, ev.RunStarted) and state is not None:
                 current, any_run_started = event.item, True
+                deadline = time.monotonic() + request.timeout_s + judge_grace_s(request.timeout_s)
                 state.started = True
                 store.update_run(state.run_id, status="running", started_at=time.time())
                 self._neighbours.look(state)

@@ -404,7 +404,6 @@ class Rank:
         self.runners: set[RunnerProcess] = set()  # every live runner (the guard counts none of the others)
         self.spawning = 0  # a runner being forked is nobody's yet: the guard waits
         self.timing_block = False  # a timed block is running: the guard waits (once more before the verdict)
-        self._first_item = True
         self._abort_epoch = 0
         self._flush: torch.Tensor | None = None
         self._probe: torch.Tensor | None = None
@@ -952,11 +951,7 @@ class Rank:
         self.emit(ev.RunStarted(item=item.index, task=item.task, model=item.model, trials=req.trials))
         task = load_task(item.task)
         rule = Rule(task)
-        deadline = _monotonic() + float(req.timeout_s)
-        if self._first_item:  # the launch's start-up counts against the first run's timeout
-            launch_started_at = float(self.spec.get("launch_started_at") or _now())
-            deadline = min(deadline, _monotonic() + launch_started_at + float(req.timeout_s) - _now())
-            self._first_item = False
+        deadline = _monotonic() + float(req.timeout_s)  # from the run's start: the launch's start-up is not its
         abort = self._aborted(item)
         candidate: RunnerProcess | None = None
         log_path = self.log_dir / f"item{item.index:03d}.rank{self.rank}.candidate.log"
