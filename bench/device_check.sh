@@ -19,6 +19,8 @@
 #   bench/selfcheck_count.py (NOISE_TASKS: calibrate's --noise-tasks, default all). Split in two calls when one is too short: `noisefloor` runs the calibrate
 #   alone (its database $OUT/selfcheck.db); `selfcheck` with SELFCHECK_FROM=<that database, carried back>
 #   skips the calibrate and times on a copy of it (the same host: the floor is kept per host).
+#   CALL_S=<the call's limit> gives the self-check what the calibrate left; SELFCHECK_TASKS=rest (with
+#   SELFCHECK_FROM) times only the tasks that database has no self-check of, and the count is per task.
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
 #   RUN_LOCAL_FROM/RUN_LOCAL_MAX/PKB_TUI_SKIP as that script reads them.
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
@@ -126,14 +128,28 @@ for section in $sections; do
       [ "$section" = noisefloor ] && { rm -rf "$OUT/pkb-runs"; continue; }
       echo "=== every task's baseline against itself on that database"
     fi
-    timeout "${SELFCHECK_S:-450}" $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" run --task "${SELFCHECK_TASKS:-all}" --model baseline \
+    tasks=${SELFCHECK_TASKS:-all}
+    if [ "$tasks" = rest ]; then  # the tasks this database has no floored self-check of yet
+      tasks=$($PY -c "import json, subprocess, sys
+from tasks.base import all_tasks
+rows = json.loads(subprocess.run([sys.executable, '-m', 'pkb_tui.cli', '--db', '$OUT/selfcheck.db', 'runs', '--model',
+                                  'baseline', '--limit', '1000', '--json'], capture_output=True, text=True, check=True).stdout)
+done = {r['task_id'] for r in rows if r.get('noise_floor_fraction') is not None and r['status'] != 'interrupted'}
+print(','.join(t for t in all_tasks() if t not in done) or 'none')")
+      echo "the rest: $tasks"
+      [ "$tasks" = none ] && { $PY bench/selfcheck_count.py <($PY -m pkb_tui.cli --db "$OUT/selfcheck.db" runs --model baseline --limit 1000 --json); continue; }
+    fi
+    limit=${SELFCHECK_S:-450}
+    # CALL_S: the device call's whole limit; the self-check gets what the calibrate left (then `rest` in the next call)
+    [ -n "${CALL_S:-}" ] && limit=$(( CALL_S - SECONDS - 20 ))
+    echo "self-check limit: $limit s"
+    timeout "$limit" $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" run --task "$tasks" --model baseline \
       --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 \
       --speedup-basis "${SELFCHECK_BASIS:-graph}" --json >"$OUT/selfcheck.json" 2>"$OUT/selfcheck.err"
     echo "exit $?"
-    if [ ! -s "$OUT/selfcheck.json" ]; then  # cut short: what finished, from the database
-      $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" runs --model baseline --limit 500 --json >"$OUT/selfcheck.json"
-    fi
-    $PY bench/selfcheck_count.py "$OUT/selfcheck.json" | tail -40
+    # counted from the database: a self-check cut short, or split over calls, counts what finished
+    $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" runs --model baseline --limit 1000 --json >"$OUT/selfcheck_runs.json"
+    $PY bench/selfcheck_count.py "$OUT/selfcheck_runs.json" | tail -40
     rm -rf "$OUT/pkb-runs"
     ;;
   pkb)

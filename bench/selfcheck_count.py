@@ -4,7 +4,9 @@
     python bench/selfcheck_count.py --calibration CALIBRATE.json
 
 RUN.json: `pkb-tui run --task ... --model baseline --json` (the baseline timed against itself), or
-`pkb-tui runs --json` where that run was cut short (its latest batch is counted).
+`pkb-tui runs --json` where that run was cut short or split over calls (per task its latest run
+with a floor folded in; without any, the latest batch). A run without a speedup counts as a miss
+of the basis.
 Prints per task the basis's speedup and interval (and interval_floor: the host's floor folded in),
 then how many intervals hold 1.0 and how many points are within 3%, for the basis and per method.
 CALIBRATE.json: `pkb-tui calibrate --noise-only --json`: per task the self-check's figures (the
@@ -50,9 +52,17 @@ def calibration(path: str) -> int:
 
 def main(path: str) -> int:
     doc = json.load(open(path))
-    if isinstance(doc, list):  # `pkb-tui runs --json` (a run cut short): its latest batch
-        latest = max(doc, key=lambda r: r.get("created_at") or 0, default={}).get("batch_id")
-        doc = {"runs": [{**r, "task": r["task_id"]} for r in doc if r.get("batch_id") == latest]}
+    if isinstance(doc, list):  # `pkb-tui runs --json` (a self-check cut short, or split over calls)
+        # Per task its latest run with the host's floor folded in (calibrate's own runs know none),
+        # so a self-check split over several batches on one database counts once per task; where
+        # no run has a floor, the latest batch.
+        floored = sorted((r for r in doc if r.get("noise_floor_fraction") is not None), key=lambda r: r.get("created_at") or 0)
+        if floored:
+            rows = list({r["task_id"]: r for r in floored}.values())
+        else:
+            latest = max(doc, key=lambda r: r.get("created_at") or 0, default={}).get("batch_id")
+            rows = [r for r in doc if r.get("batch_id") == latest]
+        doc = {"runs": [{**r, "task": r["task_id"]} for r in sorted(rows, key=lambda r: r["task_id"])]}
     counts = {"basis": [0, 0, 0], "graph": [0, 0, 0], "eager": [0, 0, 0]}  # inside, within 3%, of
     for run in doc.get("runs", []):
         candidate = run.get("candidate") or {}
@@ -61,6 +71,8 @@ def main(path: str) -> int:
             point, low, high = run.get(prefix), run.get(f"{prefix}_low"), run.get(f"{prefix}_high")
             if point is None or low is None or high is None:
                 line.append(f"{name} -")
+                if name == "basis":  # a run without a speedup (timed out, failed) is a miss of the basis
+                    counts[name][2] += 1
                 continue
             tally = counts[name]
             tally[0] += low <= 1.0 <= high
