@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every check the GPU box must show, in as few device calls as possible.
-#   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu] [judge] [soak] [gate] [noisefloor] [selfcheck] [pkb]
+#   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu] [judge] [soak] [gate] [noisefloor] [selfcheck] [holdout] [pkb]
 #   (default: engine tasks collectors gpu judge)
 #   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults, batching check,
 #   self-check of every task); JUDGE_PARTS picks its parts (default all), ADV_CONFIGS the adversarial
@@ -21,6 +21,8 @@
 #   skips the calibrate and times on a copy of it (the same host: the floor is kept per host).
 #   CALL_S=<the call's limit> gives the self-check what the calibrate left; SELFCHECK_TASKS=rest (with
 #   SELFCHECK_FROM) times only the tasks that database has no self-check of, and the count is per task.
+#   holdout: two self-checks of every task (HOLDOUT_S each, default 270 s) on one database with no floor,
+#   then bench/selfcheck_holdout.py: the floor from each (as calibrate takes it) applied to the other.
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
 #   RUN_LOCAL_FROM/RUN_LOCAL_MAX/PKB_TUI_SKIP as that script reads them.
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
@@ -150,6 +152,18 @@ print(','.join(t for t in all_tasks() if t not in done) or 'none')")
     # counted from the database: a self-check cut short, or split over calls, counts what finished
     $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" runs --model baseline --limit 1000 --json >"$OUT/selfcheck_runs.json"
     $PY bench/selfcheck_count.py "$OUT/selfcheck_runs.json" | tail -40
+    rm -rf "$OUT/pkb-runs"
+    ;;
+  holdout)
+    echo "=== two self-checks of every task on one database, no floor stored: the floor from each applied to the other"
+    for i in 1 2; do
+      timeout "${HOLDOUT_S:-270}" $PY -m pkb_tui.cli --db "$OUT/holdout.db" run --task "${SELFCHECK_TASKS:-all}" --model baseline \
+        --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 \
+        --speedup-basis graph --json >"$OUT/holdout$i.json" 2>"$OUT/holdout$i.err"
+      echo "batch $i: exit $? at $SECONDS s"
+    done
+    $PY -m pkb_tui.cli --db "$OUT/holdout.db" runs --model baseline --limit 1000 --json >"$OUT/holdout_runs.json"
+    $PY bench/selfcheck_holdout.py "$OUT/holdout_runs.json"
     rm -rf "$OUT/pkb-runs"
     ;;
   pkb)
