@@ -21,8 +21,11 @@
 #   skips the calibrate and times on a copy of it (the same host: the floor is kept per host).
 #   CALL_S=<the call's limit> gives the self-check what the calibrate left; SELFCHECK_TASKS=rest (with
 #   SELFCHECK_FROM) times only the tasks that database has no self-check of, and the count is per task.
-#   holdout: two self-checks of every task (HOLDOUT_S each, default 270 s) on one database with no floor,
-#   then bench/selfcheck_holdout.py: the floor from each (as calibrate takes it) applied to the other.
+#   holdout: self-checks of every task (HOLDOUT_S each, default 270 s; ~185 s on the H200) on one database
+#   with no floor, then bench/selfcheck_holdout.py: each task's figure per batch, and the floor from each
+#   batch (as calibrate takes it) applied to the others. HOLDOUT_BATCHES: the batches, ';' apart, each
+#   "plain", "reverse" (tasks in reverse order) and/or VAR=value words (its environment), e.g.
+#   "plain;reverse;PKB_BASELINE_TRIALS=1;PKB_SANDBOX_READS=0 PKB_SANDBOX_NET=0" (default "plain;plain").
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
 #   RUN_LOCAL_FROM/RUN_LOCAL_MAX/PKB_TUI_SKIP as that script reads them.
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
@@ -155,12 +158,20 @@ print(','.join(t for t in all_tasks() if t not in done) or 'none')")
     rm -rf "$OUT/pkb-runs"
     ;;
   holdout)
-    echo "=== two self-checks of every task on one database, no floor stored: the floor from each applied to the other"
-    for i in 1 2; do
-      timeout "${HOLDOUT_S:-270}" $PY -m pkb_tui.cli --db "$OUT/holdout.db" run --task "${SELFCHECK_TASKS:-all}" --model baseline \
+    echo "=== self-checks of every task on one database, no floor stored: the floor from each applied to the others"
+    all_ids=$($PY -c "from tasks.base import all_tasks; print(' '.join(all_tasks()))")
+    i=0
+    IFS=';' read -ra specs <<<"${HOLDOUT_BATCHES:-plain;plain}"
+    for spec in "${specs[@]}"; do  # words: "reverse" (the tasks in reverse order), VAR=value (the batch's environment)
+      i=$((i + 1)); order=$all_ids; envs=()
+      for word in $spec; do
+        case "$word" in reverse) order=$(echo "$all_ids" | tr ' ' '\n' | tac | tr '\n' ' ');; *=*) envs+=("$word");; esac
+      done
+      tasks=${SELFCHECK_TASKS:-$(echo $order | tr ' ' ',')}
+      env "${envs[@]}" timeout "${HOLDOUT_S:-270}" $PY -m pkb_tui.cli --db "$OUT/holdout.db" run --task "$tasks" --model baseline \
         --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 \
         --speedup-basis graph --json >"$OUT/holdout$i.json" 2>"$OUT/holdout$i.err"
-      echo "batch $i: exit $? at $SECONDS s"
+      echo "batch $i ($spec): exit $? at $SECONDS s"
     done
     $PY -m pkb_tui.cli --db "$OUT/holdout.db" runs --model baseline --limit 1000 --json >"$OUT/holdout_runs.json"
     $PY bench/selfcheck_holdout.py "$OUT/holdout_runs.json"

@@ -4,8 +4,8 @@
 
 RUNS.json: `pkb-tui runs --model baseline --json` of a database holding two or more self-checks
 (the baseline timed against itself over the same tasks, in batches of their own) run without a
-stored floor, so every interval is the rounds' alone, as calibrate's own runs are. For each
-ordered pair of batches (A, B): the floor per timing method from A, as calibrate takes it
+stored floor, so every interval is the rounds' alone, as calibrate's own runs are. First each
+task's basis figure per batch (g: graph, e: eager), then for each ordered pair of batches (A, B): the floor per timing method from A, as calibrate takes it
 (stats.noise_floor_from_selfchecks), then B's intervals widened by it (stats.widened) on the basis
 (graph where B's run has a graph figure, else eager), counted against issue 11's targets: the
 interval holds 1.0, the point is within 3%. A run of B without a speedup is a miss.
@@ -37,6 +37,15 @@ def main(path: str) -> int:
     if len(order) < 2:
         print(f"{path}: {len(order)} batch(es); two self-checks are needed")
         return 2
+    print("task".ljust(30) + "".join(f"batch {i + 1}".ljust(26) for i in range(len(order))))
+    for task in sorted({r["task_id"] for r in rows}):
+        cells = []
+        for batch in order:
+            run = next((r for r in batches[batch] if r["task_id"] == task), None)
+            method = "graph" if run and estimate(run, "graph") else "eager"
+            e = estimate(run, method) if run else None
+            cells.append(f"{method[0]} {e.point:.3f} [{e.low:.3f}, {e.high:.3f}]" if e else (run or {}).get("status", "-"))
+        print(task.ljust(30) + "".join(c.ljust(26) for c in cells))
     for a, b in permutations(order, 2):
         floors = {m: noise_floor_from_selfchecks([e for r in batches[a] if (e := estimate(r, m))]) for m in ("eager", "graph")}
         inside = close = 0

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pkb_tui.engine.logs import RANKS_DID_NOT_START, first_failed_rank, launch_failure_detail, rank_failure
 from pkb_tui.store import Store
 from tests.conftest import fixture_model
@@ -138,6 +140,19 @@ def test_the_first_run_is_not_charged_the_ranks_start_up(tmp_path: Path) -> None
     db = tmp_path / "runs.db"
     result = _cli("--db", str(db), "run", "--task", "all_reduce", "--model", fixture_model("slow-first-call"),
                   "--mode", "cpu", "--timeout", "12", *FAST)
+    with Store(db) as store:
+        run = store.run(1)
+    assert (run["status"], result.returncode) == ("passed", 0), (run["status_detail"], result.stderr[-2000:])
+
+
+def test_the_baseline_trials_experiment_runs_the_trials_on_both_runners(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # PKB_BASELINE_TRIALS=1: the baseline's runner loads the task and makes each trial's call
+    # before timing (as the candidate's does). Its first version called an unloaded runner and
+    # ended every run "error".
+    monkeypatch.setenv("PKB_BASELINE_TRIALS", "1")
+    db = tmp_path / "runs.db"
+    result = _cli("--db", str(db), "run", "--task", "all_reduce", "--model", "baseline", "--mode", "cpu",
+                  "--trials", "2", "--iterations", "2", "--warmup", "1", "--no-profile")
     with Store(db) as store:
         run = store.run(1)
     assert (run["status"], result.returncode) == ("passed", 0), (run["status_detail"], result.stderr[-2000:])

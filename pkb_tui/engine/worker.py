@@ -79,6 +79,8 @@ BLOCKS_PER_ROUND = {"cuda": 1, "cpu": 2}
 # [0.56, 2.67] after 13 rounds, too wide to fail it (4.1x in blocks); with five, [0.81, 1.00] on the
 # H200. cpu: as its blocks (gloo's calls alone cost ms each on the 2-core box).
 SINGLES_PER_ROUND = {"cuda": 5, "cpu": 2}
+# An experiment, off by default: the baseline's runner makes the trials' calls too (worker._trials).
+BASELINE_TRIALS = os.environ.get("PKB_BASELINE_TRIALS", "0") == "1"
 TIMING_BUDGET_S = {"cuda": 30.0, "cpu": 20.0}  # adaptive rounds stop here (engine.stats.next_round_needed)
 # cpu: at most 16. The judges compute every timed call's expected outputs with collectives of their
 # own, and a call's net time (the harness's share taken off) can read near zero on a noisy box,
@@ -1031,6 +1033,24 @@ class Rank:
             if failure is not None:
                 self.emit(ev.Error(item=item.index, where="candidate", message=failure.message))
                 return failure.status, failure.message
+            if self.baseline_runner is not None and BASELINE_TRIALS:
+                # An experiment (PKB_BASELINE_TRIALS=1): the baseline's runner makes the trial's call
+                # too, so both runners reach timing with the same history (calls made, arenas
+                # mapped); its outputs are not read. Whether that moves the steady offset between
+                # the two processes is what it is for (docs/architecture.md, noise floor).
+                try:
+                    if trial == 0:  # as the candidate's runner was, before its first trial
+                        _expect_ok(self.baseline_runner.request({"op": "load", "task": item.task, "solution_path": None},
+                                                                deadline, abort), "baseline")
+                    self._call(self.baseline_runner, [inputs], [expected], "eager", deadline, abort, check=check,
+                               poison=_nbytes(expected))
+                except CandidateFailure as exc:
+                    failure = exc
+                failure = self._agree_failure(item, failure)
+                if failure is not None:
+                    message = f"the baseline's runner failed in the trial: {failure.message}"
+                    self.emit(ev.Error(item=item.index, where="baseline", message=message))
+                    return "error", message
             all_correct = self._report_trial(item, trial, cmp) and all_correct
         return ("passed" if all_correct else "failed"), None
 
