@@ -159,7 +159,8 @@ print(','.join(t for t in all_tasks() if t not in done) or 'none')")
     ;;
   holdout)
     echo "=== self-checks of every task on one database, no floor stored: the floor from each applied to the others"
-    all_ids=$($PY -c "from tasks.base import all_tasks; print(' '.join(all_tasks()))")
+    all_ids=${SELFCHECK_TASKS:+$(echo "$SELFCHECK_TASKS" | tr ',' ' ')}
+    [ -n "$all_ids" ] || all_ids=$($PY -c "from tasks.base import all_tasks; print(' '.join(all_tasks()))")
     i=0
     IFS=';' read -ra specs <<<"${HOLDOUT_BATCHES:-plain;plain}"
     for spec in "${specs[@]}"; do  # words: "reverse" (the tasks in reverse order), VAR=value (the batch's environment)
@@ -167,7 +168,7 @@ print(','.join(t for t in all_tasks() if t not in done) or 'none')")
       for word in $spec; do
         case "$word" in reverse) order=$(echo "$all_ids" | tr ' ' '\n' | tac | tr '\n' ' ');; *=*) envs+=("$word");; esac
       done
-      tasks=${SELFCHECK_TASKS:-$(echo $order | tr ' ' ',')}
+      tasks=$(echo $order | tr ' ' ',')
       env "${envs[@]}" timeout "${HOLDOUT_S:-270}" $PY -m pkb_tui.cli --db "$OUT/holdout.db" run --task "$tasks" --model baseline \
         --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 \
         --speedup-basis graph --json >"$OUT/holdout$i.json" 2>"$OUT/holdout$i.err"
