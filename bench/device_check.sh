@@ -91,6 +91,10 @@ for section in $sections; do
     timeout 1500 $PY bench/judge_gpu_check.py --out "$OUT" --parts "${JUDGE_PARTS:-smoke,adversarial,spin,faults,batching,selfcheck}" \
       --adversarial-configs "${ADV_CONFIGS:-nccl:1,shared-gpu:2}" 2>&1 \
       | tee "$OUT/judge_check.txt" | tail -90
+    # the escaped helper's and its runner's awake seconds (fixture containment/escaped-worker): the
+    # last line of each candidate log; stopped together, the two agree (the CPU test: within 25%)
+    grep -rh "^AWAKE " "$OUT/pkb-runs" 2>/dev/null | tail -4
+    tar czf "$OUT/judge_logs.tgz" -C "$OUT" pkb-runs 2>/dev/null && rm -rf "$OUT/pkb-runs"
     ;;
   soak)
     echo "=== soak (bench/soak.py, ${SOAK_MINUTES:-3} min)"
