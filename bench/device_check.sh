@@ -35,6 +35,8 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Never let anything switch NVLink multicast on.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Issue 11's self-check: the baseline against itself at size small, one GPU (gate, selfcheck, holdout).
+SELFCHECK_ARGS=(--model baseline --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25)
 PY=${PY:-python3}
 DB="$OUT/runs.db"
 COLLECTIVES=all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,reduce,gather,scatter
@@ -115,8 +117,7 @@ for section in $sections; do
     tar czf "$OUT/gate_trace_logs.tgz" -C "$OUT" pkb-runs 2>/dev/null && rm -rf "$OUT/pkb-runs"
     echo "=== the GPU gate: self-check of every task"
     PKB_GPU_GATE=1 timeout "${GATE_SELFCHECK_S:-450}" $PY -m pkb_tui.cli --db "$OUT/gate_selfcheck.db" run --task "${GATE_SELFCHECK_TASKS:-all}" \
-      --model baseline --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 --speedup-basis graph \
-      --json >"$OUT/gate_selfcheck.json" 2>"$OUT/gate_selfcheck.err"
+      "${SELFCHECK_ARGS[@]}" --speedup-basis graph --json >"$OUT/gate_selfcheck.json" 2>"$OUT/gate_selfcheck.err"
     echo "exit $?"; $PY bench/summarize_runs.py "$OUT/gate_selfcheck.json" 2>&1 | tail -40
     rm -rf "$OUT/pkb-runs"
     ;;
@@ -138,24 +139,20 @@ for section in $sections; do
       echo "=== every task's baseline against itself on that database"
     fi
     tasks=${SELFCHECK_TASKS:-all}
-    if [ "$tasks" = rest ]; then  # the tasks this database has no floored self-check of yet
-      tasks=$($PY -c "import json, subprocess, sys
-from tasks.base import all_tasks
-rows = json.loads(subprocess.run([sys.executable, '-m', 'pkb_tui.cli', '--db', '$OUT/selfcheck.db', 'runs', '--model',
-                                  'baseline', '--limit', '1000', '--json'], capture_output=True, text=True, check=True).stdout)
-done = {r['task_id'] for r in rows if r.get('noise_floor_fraction') is not None and r['status'] != 'interrupted'}
-print(','.join(t for t in all_tasks() if t not in done) or 'none')")
+    if [ "$tasks" = rest ]; then  # the tasks this database has no finished self-check of yet
+      $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" runs --model baseline --limit 1000 --json >"$OUT/selfcheck_runs.json"
+      tasks=$($PY bench/selfcheck_count.py --rest "$OUT/selfcheck_runs.json")
       echo "the rest: $tasks"
-      [ "$tasks" = none ] && { $PY bench/selfcheck_count.py <($PY -m pkb_tui.cli --db "$OUT/selfcheck.db" runs --model baseline --limit 1000 --json); continue; }
     fi
-    limit=${SELFCHECK_S:-450}
-    # CALL_S: the device call's whole limit; the self-check gets what the calibrate left (then `rest` in the next call)
-    [ -n "${CALL_S:-}" ] && limit=$(( CALL_S - SECONDS - 20 ))
-    echo "self-check limit: $limit s"
-    timeout "$limit" $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" run --task "$tasks" --model baseline \
-      --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 \
-      --speedup-basis "${SELFCHECK_BASIS:-graph}" --json >"$OUT/selfcheck.json" 2>"$OUT/selfcheck.err"
-    echo "exit $?"
+    if [ "$tasks" != none ]; then
+      limit=${SELFCHECK_S:-450}
+      # CALL_S: the device call's whole limit; the self-check gets what the calibrate left (then `rest` in the next call)
+      [ -n "${CALL_S:-}" ] && limit=$(( CALL_S - SECONDS - 20 ))
+      echo "self-check limit: $limit s"
+      timeout "$limit" $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" run --task "$tasks" "${SELFCHECK_ARGS[@]}" \
+        --speedup-basis "${SELFCHECK_BASIS:-graph}" --json >"$OUT/selfcheck.json" 2>"$OUT/selfcheck.err"
+      echo "exit $?"
+    fi
     # counted from the database: a self-check cut short, or split over calls, counts what finished
     $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" runs --model baseline --limit 1000 --json >"$OUT/selfcheck_runs.json"
     $PY bench/selfcheck_count.py "$OUT/selfcheck_runs.json" | tail -40
@@ -173,9 +170,8 @@ print(','.join(t for t in all_tasks() if t not in done) or 'none')")
         case "$word" in reverse) order=$(echo "$all_ids" | tr ' ' '\n' | tac | tr '\n' ' ');; *=*) envs+=("$word");; esac
       done
       tasks=$(echo $order | tr ' ' ',')
-      env "${envs[@]}" timeout "${HOLDOUT_S:-270}" $PY -m pkb_tui.cli --db "$OUT/holdout.db" run --task "$tasks" --model baseline \
-        --world-size 1 --mode nccl --size small --trials 1 --iterations 1 --no-profile --timeout 25 \
-        --speedup-basis graph --json >"$OUT/holdout$i.json" 2>"$OUT/holdout$i.err"
+      env "${envs[@]}" timeout "${HOLDOUT_S:-270}" $PY -m pkb_tui.cli --db "$OUT/holdout.db" run --task "$tasks" \
+        "${SELFCHECK_ARGS[@]}" --speedup-basis graph --json >"$OUT/holdout$i.json" 2>"$OUT/holdout$i.err"
       echo "batch $i ($spec): exit $? at $SECONDS s"
     done
     $PY -m pkb_tui.cli --db "$OUT/holdout.db" runs --model baseline --limit 1000 --json >"$OUT/holdout_runs.json"

@@ -2,6 +2,7 @@
 
     python bench/selfcheck_count.py RUN.json
     python bench/selfcheck_count.py --calibration CALIBRATE.json
+    python bench/selfcheck_count.py --rest RUNS.json
 
 RUN.json: `pkb-tui run --task ... --model baseline --json` (the baseline timed against itself), or
 `pkb-tui runs --json` where that run was cut short or split over calls (per task its latest run
@@ -11,7 +12,8 @@ Prints per task the basis's speedup and interval (and interval_floor: the host's
 then how many intervals hold 1.0 and how many points are within 3%, for the basis and per method.
 CALIBRATE.json: `pkb-tui calibrate --noise-only --json`: per task the self-check's figures (the
 rounds' intervals alone) and what each asks of the floor (stats.noise_floor_from_selfchecks), then
-the floors stored.
+the floors stored. --rest RUNS.json (`pkb-tui runs --json`): the tasks a split self-check has
+still to time.
 """
 
 from __future__ import annotations
@@ -50,15 +52,29 @@ def calibration(path: str) -> int:
     return 0
 
 
+def floored(rows: list[dict]) -> list[dict]:
+    """The self-check's runs among `pkb-tui runs --json` rows: those that knew the host's floor
+    (calibrate's own runs know none), oldest first."""
+    return sorted((r for r in rows if r.get("noise_floor_fraction") is not None), key=lambda r: r.get("created_at") or 0)
+
+
+def rest(path: str) -> int:
+    """The tasks still to self-check: every task without a finished run that knew the floor (a run
+    interrupted by the end of a call is timed again), comma-separated, or "none"."""
+    from tasks.base import all_tasks
+
+    done = {r["task_id"] for r in floored(json.load(open(path))) if r["status"] != "interrupted"}
+    print(",".join(t for t in all_tasks() if t not in done) or "none")
+    return 0
+
+
 def main(path: str) -> int:
     doc = json.load(open(path))
     if isinstance(doc, list):  # `pkb-tui runs --json` (a self-check cut short, or split over calls)
-        # Per task its latest run with the host's floor folded in (calibrate's own runs know none),
-        # so a self-check split over several batches on one database counts once per task; where
-        # no run has a floor, the latest batch.
-        floored = sorted((r for r in doc if r.get("noise_floor_fraction") is not None), key=lambda r: r.get("created_at") or 0)
-        if floored:
-            rows = list({r["task_id"]: r for r in floored}.values())
+        # Per task its latest run that knew the floor, so a self-check split over several batches
+        # on one database counts once per task; where no run has a floor, the latest batch.
+        if floored(doc):
+            rows = list({r["task_id"]: r for r in floored(doc)}.values())
         else:
             latest = max(doc, key=lambda r: r.get("created_at") or 0, default={}).get("batch_id")
             rows = [r for r in doc if r.get("batch_id") == latest]
@@ -90,4 +106,6 @@ def main(path: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--calibration":
         sys.exit(calibration(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "--rest":
+        sys.exit(rest(sys.argv[2]))
     sys.exit(main(sys.argv[1]))

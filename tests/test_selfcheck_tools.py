@@ -23,10 +23,10 @@ def _row(batch: str, created: float, task: str, *, graph=None, eager=None, statu
     return row
 
 
-def _script(name: str, rows: list[dict], tmp_path: Path) -> str:
+def _script(name: str, rows: list[dict], tmp_path: Path, *flags: str) -> str:
     path = tmp_path / "runs.json"
     path.write_text(json.dumps(rows))
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / name), str(path)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / name), *flags, str(path)], capture_output=True, text=True,
                           cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -71,3 +71,17 @@ def test_count_takes_each_tasks_latest_run_that_knew_the_floor(tmp_path: Path) -
     # t1 from s2, t2 from s1, t3 timed out (a miss); the latest batch alone would count 1 of 2
     assert "basis: intervals holding 1.0 2 of 3; points within 3% 2 of 3" in out, out
     assert "1.200" not in out and "0.900" not in out
+
+
+def test_the_rest_of_a_split_self_check_is_every_task_without_a_finished_run_that_knew_the_floor(tmp_path: Path) -> None:
+    from tasks.base import all_tasks
+
+    rows = [
+        _row("cal", 1.0, "broadcast", graph=(1.0, 0.99, 1.01)),  # calibrate's: knew no floor
+        _row("s1", 2.0, "all_reduce", graph=(1.0, 0.99, 1.01), floor=0.02),  # done
+        _row("s1", 2.1, "gather", status="interrupted", floor=0.02),  # cut by the call's end: again
+        _row("s1", 2.2, "scatter", status="timeout", floor=0.02),  # finished (a miss): not again
+    ]
+    left = _script("selfcheck_count.py", rows, tmp_path, "--rest").strip().split(",")
+    assert left == [t for t in all_tasks() if t not in ("all_reduce", "scatter")]
+    assert "gather" in left and "broadcast" in left
