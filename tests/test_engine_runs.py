@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -89,6 +90,8 @@ def test_hung_and_crashing_candidates_end_their_runs_and_the_batch_goes_on(cli, 
         assert len(batch) == 1
         hang = store.run(next(r["id"] for r in doc["runs"] if r["model"] == "hang" and r["task"] == "all_reduce"))
     assert "timeout" in hang["status_detail"]
+    # Where the time went, so the user can tell a short --timeout from slow code.
+    assert re.search(r"time spent on rank \d: start-up [\d.]+ s, trials [\d.]+ s", hang["status_detail"]), hang["status_detail"]
     assert Path(hang["log_path"]).exists()
 
 

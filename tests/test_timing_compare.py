@@ -219,3 +219,19 @@ def test_the_launcher_stores_the_speed_alone_where_blocks_were_not_confirmed() -
     plain = fields(1)  # a block of one call is its own call alone: nothing to compare
     assert plain["speedup"] == timing.paired_speedup(blocks_b, blocks_c, "p25").point
     assert "calls one at a time" not in plain["speedup_note"]
+
+
+def test_the_phase_clock_says_where_an_items_time_went(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pkb_tui.engine import worker
+
+    now = iter([0.0, 4.0, 5.5, 6.0, 9.0, 20.0, 20.01])
+    monkeypatch.setattr(worker, "_monotonic", lambda: next(now))
+    clock = worker.PhaseClock()  # 0.0
+    clock.mark("start-up")  # 4.0
+    clock.mark("trials")  # 5.5
+    with clock.part("the judge's checks"):  # 6.0 .. 9.0
+        pass
+    clock.rounds = 6
+    clock.mark("timing rounds")  # 20.0
+    assert clock.summary() == ("start-up 4.0 s, trials 1.5 s, 6 timing rounds 14.5 s "
+                               "(of which the judge's checks 3.0 s)")  # the rest (10 ms) left out

@@ -17,6 +17,7 @@ started its node's ranks (the launcher, or the node's agent) and ends itself whe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -37,6 +38,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -141,6 +143,45 @@ class CandidateFailure(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class PhaseClock:
+    """Where one item's time went on this judge: wall seconds per phase, in order, and parts
+    inside them (the judge's own share of the timing rounds). Printed to the item's log, and a
+    timeout's message says it: "start-up 4.1 s, trials 1.0 s, ..." tells whether the run's
+    --timeout was too short for the task (the judge's inputs and checks) or the code was slow."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self.parts: dict[str, float] = {}
+        self.rounds = 0
+        self._last = _monotonic()
+
+    def mark(self, phase: str) -> None:
+        """The time since the last mark (or the clock's start) was ``phase``'s."""
+        now = _monotonic()
+        self.phases[phase] = self.phases.get(phase, 0.0) + (now - self._last)
+        self._last = now
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Time inside the current phase that was ``name``'s (counted in the phase as well)."""
+        start = _monotonic()
+        try:
+            yield
+        finally:
+            self.parts[name] = self.parts.get(name, 0.0) + (_monotonic() - start)
+
+    def summary(self) -> str:
+        self.mark("the rest")
+        words = []
+        for phase, seconds in self.phases.items():
+            if phase == "the rest" and seconds < 0.05:
+                continue
+            label = f"{self.rounds} timing round{'s' if self.rounds != 1 else ''}" if phase == "timing rounds" else phase
+            words.append(f"{label} {seconds:.1f} s")
+        parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.parts.items() if seconds >= 0.05)
+        return ", ".join(words) + (f" (of which {parts})" if parts else "")
 
 
 @dataclass
@@ -395,6 +436,7 @@ class Rank:
         self.sandbox_note: str | None = None
         self.runner_note: str | None = None
         self.baseline_runner: RunnerProcess | None = None
+        self.clock = PhaseClock()  # the current item's (run_item)
         self.forkserver: forkserver.ForkServer | None = None
         self.forkserver_failed = False
         self.device = torch.device(mode_info(self.mode).device_for(self.local_rank))
@@ -955,6 +997,7 @@ class Rank:
         rule = Rule(task)
         deadline = _monotonic() + float(req.timeout_s)  # from the run's start: the launch's start-up is not its
         abort = self._aborted(item)
+        self.clock = clock = PhaseClock()
         candidate: RunnerProcess | None = None
         log_path = self.log_dir / f"item{item.index:03d}.rank{self.rank}.candidate.log"
         try:
@@ -978,20 +1021,24 @@ class Rank:
                 if failure is not None:
                     raise CandidateFailure(failure.status, failure.message)
                 self._candidate_start_s = _monotonic() - start_s  # isolation's cost: spawn, group, import
+                clock.mark("start-up")
             except CandidateFailure as exc:
                 where = "candidate import" if exc.status == "error" else "candidate start"
                 self.emit(ev.Error(item=item.index, where=where, message=exc.message))
-                self.emit(ev.RunFinished(item=item.index, status=exc.status, detail=exc.message))
+                self.emit(ev.RunFinished(item=item.index, status=exc.status, detail=self._spent(clock, exc.status, exc.message)))
                 return
             status, detail = self._trials(item, task, rule, candidate, deadline, abort)
+            clock.mark("trials")
             if status in ("passed", "failed") and req.timing:
                 timing_status, timing_detail = self._time(item, task, rule, candidate, status == "passed", deadline, abort)
+                clock.mark("timing rounds" if clock.rounds else "timing")
                 if timing_status != "passed":
                     status, detail = timing_status, timing_detail
             if status == "passed" and req.profile:
                 self._profile(item, candidate, deadline, abort)
+                clock.mark("profile")
             status, detail = self._within_limits(candidate, status, detail)
-            self.emit(ev.RunFinished(item=item.index, status=status, detail=detail))
+            self.emit(ev.RunFinished(item=item.index, status=status, detail=self._spent(clock, status, detail)))
         finally:
             if candidate is not None:
                 candidate.close()
@@ -999,6 +1046,15 @@ class Rank:
                 self.baseline_runner.close()
                 self.baseline_runner = None
             _end_children(keep=self.forkserver.pid if self.forkserver is not None else None)
+
+    def _spent(self, clock: PhaseClock, status: str, detail: str | None) -> str | None:
+        """The item's log gets where its time went on this judge; a timeout's message too (was
+        the --timeout too short for what the judge does for this task, or the code slow?)."""
+        spent = clock.summary()
+        print(f"rank {self.rank}: item's time: {spent}", file=sys.stderr, flush=True)
+        if status == "timeout" and detail and "time spent" not in detail:
+            return f"{detail} (time spent on rank {self.rank}: {spent})"
+        return detail
 
     def _context(self, task: Task, item: RunItem, label: Any) -> Any:
         req = self.request
@@ -1433,11 +1489,14 @@ class Rank:
         nic = ({v: _nic_tally() for v, _ in variants}
                if self.local_rank == 0 and int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)) < self.world_size else None)
 
+        clock = self.clock
+
         def fresh(label: Any, calls: int) -> tuple[list[Any], list[Any], list[Any]]:
-            inputs = [task.make_inputs(self._context(task, item, ("timing", label, k))) for k in range(calls)]
-            expected = [task.baseline(*clone_value(x)) for x in inputs]
-            truths = [task.baseline(*float64_copies(x)) for x in inputs]
-            self._sync()
+            with clock.part("the judge's inputs and expected outputs"):
+                inputs = [task.make_inputs(self._context(task, item, ("timing", label, k))) for k in range(calls)]
+                expected = [task.baseline(*clone_value(x)) for x in inputs]
+                truths = [task.baseline(*float64_copies(x)) for x in inputs]
+                self._sync()
             return inputs, expected, truths
 
         # Warm-up (also JIT, NCCL and graph capture) and the block size: enough calls that a block
@@ -1534,6 +1593,7 @@ class Rank:
         suspect_budget_s = budget_s if kind == "cpu" else max(budget_s, min(2 * TIMING_BUDGET_S[kind],
                                                                              0.45 * float(req.timeout_s)))
         statistic = stats.round_statistic_for(self.mode)
+        clock.mark("the baseline's load and the warm-up")
         timing_started = _monotonic()
 
         wrong: str | None = None
@@ -1567,7 +1627,9 @@ class Rank:
                                 continue
                             series[(variant, how)].rounds[-1].append(block)
                             if variant == "candidate" and wrong is None:
-                                wrong = check_timed(outputs, expected[calls_of], truths[calls_of], rule, round_index, self._sampler)
+                                with clock.part("the judge's checks"):
+                                    wrong = check_timed(outputs, expected[calls_of], truths[calls_of], rule, round_index,
+                                                        self._sampler)
                             if variant == "baseline" and null_blocks:
                                 null_how = "null" if how == "eager" else "graph-null"
                                 null_block, _, null_reply = self._call(runner, inputs[calls_of], expected[calls_of], null_how,
@@ -1595,7 +1657,8 @@ class Rank:
                                                        idle_check=candidate if candidate_ok else None)
                         series[(variant, "single")].rounds[-1].append(block)
                         if variant == "candidate" and wrong is None:
-                            wrong = check_timed(outputs, expected, truths, rule, round_index, self._sampler)
+                            with clock.part("the judge's checks"):
+                                wrong = check_timed(outputs, expected, truths, rule, round_index, self._sampler)
                         if variant == "baseline":  # (on CPU too: a call alone is mostly the hand-off there)
                             null_block = self._call(runner, inputs, expected, "null", deadline, abort, timed=True)[0]
                             series[("baseline", "single-null")].rounds[-1].append(null_block)
@@ -1606,6 +1669,7 @@ class Rank:
             if failure is not None and not timed_on_without_candidate(failure):
                 return failure.status, failure.message
             round_index += 1
+            clock.rounds = round_index
             if self.rank == 0:
                 self._stream_round(item, series)
             # Adaptive: more rounds until the speedup's interval is narrow enough or the budget is
