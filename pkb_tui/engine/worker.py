@@ -35,10 +35,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import torch
