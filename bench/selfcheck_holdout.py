@@ -46,6 +46,10 @@ def main(path: str) -> int:
             e = estimate(run, method) if run else None
             cells.append(f"{method[0]} {e.point:.3f} [{e.low:.3f}, {e.high:.3f}]" if e else (run or {}).get("status", "-"))
         print(task.ljust(30) + "".join(c.ljust(26) for c in cells))
+    for i, batch in enumerate(order):  # why a run has no figure (a timeout says where its time went)
+        for run in sorted(batches[batch], key=lambda r: r["task_id"]):
+            if run.get("status") not in ("passed", "failed") and run.get("status_detail"):
+                print(f"batch {i + 1} {run['task_id']}: {run['status']}: {run['status_detail']}")
     for a, b in permutations(order, 2):
         floors = {m: noise_floor_from_selfchecks([e for r in batches[a] if (e := estimate(r, m))]) for m in ("eager", "graph")}
         inside = close = 0

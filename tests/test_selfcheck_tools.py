@@ -40,9 +40,10 @@ def test_holdout_applies_each_batchs_floor_to_the_other(tmp_path: Path) -> None:
         # batch B: t1 at 0.975 (asks 2.56%), t2's eager 0.96 with no width (asks 4.17%), t3 timed out
         _row("B", 2.0, "t1", graph=(0.975, 0.975, 0.975), eager=(1.0, 0.9, 1.1)),
         _row("B", 2.1, "t2", eager=(0.96, 0.96, 0.96)),
-        _row("B", 2.2, "t3", status="timeout"),
+        {**_row("B", 2.2, "t3", status="timeout"), "status_detail": "the baseline did not answer (time spent: ...)"},
     ]
     out = _script("selfcheck_holdout.py", rows, tmp_path).splitlines()
+    assert "batch 2 t3: timeout: the baseline did not answer (time spent: ...)" in out  # why it has no figure
     forward = next(line for line in out if line.startswith("floor from batch 1"))
     backward = next(line for line in out if line.startswith("floor from batch 2"))
     # A's floors (graph 3.5%, eager 0) on B: t1 widened to [0.942, 1.009] holds 1.0 and is within
