@@ -29,6 +29,8 @@
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
 #   RUN_LOCAL_FROM/RUN_LOCAL_MAX/PKB_TUI_SKIP as that script reads them.
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
+# selfcheck and holdout also keep each item's time per phase (the judges' "item's time" lines) in
+# $OUT/phases.txt and print the five slowest items' rounds.
 set -u
 OUT=${OUT:-/tmp/pkb-out}
 mkdir -p "$OUT"
@@ -52,6 +54,13 @@ run() {  # run NAME ARGS...: pkb-tui run --json into $OUT/NAME.json, log to $OUT
   timeout ${RUN_TIMEOUT:-150} $PY -m pkb_tui.cli --db "$DB" run "$@" --json >"$OUT/$name.json" 2>"$OUT/$name.err"
   echo "--- $name: exit $? in $((SECONDS - t0)) s"
   tail -3 "$OUT/$name.err" | grep -v '^finished' || true
+}
+
+phases() {  # where each item's time went (the judges' lines in the run logs, which are not kept) into $OUT/phases.txt
+  grep -rh "item's time" "$OUT/pkb-runs" 2>/dev/null >>"$OUT/phases.txt"
+  echo "item phases: $(grep -c . "$OUT/phases.txt" 2>/dev/null || echo 0) lines in phases.txt; the slowest rounds:"
+  grep -o "^rank 0: [a-z0-9_]* .*[0-9]* timing rounds\? [0-9.]* s" "$OUT/phases.txt" 2>/dev/null \
+    | awk '{print $NF=="s" ? $(NF-1) : $NF, $0}' | sort -rn | head -5 | cut -d' ' -f2-
 }
 
 echo "=== host"
@@ -156,6 +165,7 @@ for section in $sections; do
     # counted from the database: a self-check cut short, or split over calls, counts what finished
     $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" runs --model baseline --limit 1000 --json >"$OUT/selfcheck_runs.json"
     $PY bench/selfcheck_count.py "$OUT/selfcheck_runs.json" | tail -40
+    phases
     rm -rf "$OUT/pkb-runs"
     ;;
   holdout)
@@ -176,6 +186,7 @@ for section in $sections; do
     done
     $PY -m pkb_tui.cli --db "$OUT/holdout.db" runs --model baseline --limit 1000 --json >"$OUT/holdout_runs.json"
     $PY bench/selfcheck_holdout.py "$OUT/holdout_runs.json"
+    phases
     rm -rf "$OUT/pkb-runs"
     ;;
   pkb)

@@ -1032,7 +1032,7 @@ class Rank:
             except CandidateFailure as exc:
                 where = "candidate import" if exc.status == "error" else "candidate start"
                 self.emit(ev.Error(item=item.index, where=where, message=exc.message))
-                self.emit(ev.RunFinished(item=item.index, status=exc.status, detail=self._spent(clock, exc.status, exc.message)))
+                self.emit(ev.RunFinished(item=item.index, status=exc.status, detail=self._spent(item, clock, exc.status, exc.message)))
                 return
             status, detail = self._trials(item, task, rule, candidate, deadline, abort)
             clock.mark("trials")
@@ -1045,7 +1045,7 @@ class Rank:
                 self._profile(item, candidate, deadline, abort)
                 clock.mark("profile")
             status, detail = self._within_limits(candidate, status, detail)
-            self.emit(ev.RunFinished(item=item.index, status=status, detail=self._spent(clock, status, detail)))
+            self.emit(ev.RunFinished(item=item.index, status=status, detail=self._spent(item, clock, status, detail)))
         finally:
             if candidate is not None:
                 candidate.close()
@@ -1054,11 +1054,11 @@ class Rank:
                 self.baseline_runner = None
             _end_children(keep=self.forkserver.pid if self.forkserver is not None else None)
 
-    def _spent(self, clock: PhaseClock, status: str, detail: str | None) -> str | None:
+    def _spent(self, item: RunItem, clock: PhaseClock, status: str, detail: str | None) -> str | None:
         """The item's log gets where its time went on this judge; a timeout's message too (was
         the --timeout too short for what the judge does for this task, or the code slow?)."""
         spent = clock.summary()
-        print(f"rank {self.rank}: item's time: {spent}", file=sys.stderr, flush=True)
+        print(f"rank {self.rank}: {item.task} ({item.model}, {status}): item's time: {spent}", file=sys.stderr, flush=True)
         if status == "timeout" and detail and "time spent" not in detail:
             return f"{detail} (time spent on rank {self.rank}: {spent})"
         return detail
