@@ -26,6 +26,7 @@
 #   batch (as calibrate takes it) applied to the others. HOLDOUT_BATCHES: the batches, ';' apart, each
 #   "plain", "reverse" (tasks in reverse order) and/or VAR=value words (its environment), e.g.
 #   "plain;reverse;PKB_BASELINE_TRIALS=1;PKB_SANDBOX_READS=0 PKB_SANDBOX_NET=0" (default "plain;plain").
+#   HOLDOUT_FROM=<a holdout.db carried back>: its batches are counted with this call's (split over calls).
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
 #   RUN_LOCAL_FROM/RUN_LOCAL_MAX/PKB_TUI_SKIP as that script reads them.
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
@@ -170,6 +171,9 @@ for section in $sections; do
     ;;
   holdout)
     echo "=== self-checks of every task on one database, no floor stored: the floor from each applied to the others"
+    # HOLDOUT_FROM=<a holdout.db carried back>: its batches count too (a holdout split over calls;
+    # on another machine than the first call's, say so: the floor is a host's)
+    if [ -n "${HOLDOUT_FROM:-}" ]; then cp "$HOLDOUT_FROM" "$OUT/holdout.db" || exit 1; fi
     all_ids=${SELFCHECK_TASKS:+$(echo "$SELFCHECK_TASKS" | tr ',' ' ')}
     [ -n "$all_ids" ] || all_ids=$($PY -c "from tasks.base import all_tasks; print(' '.join(all_tasks()))")
     i=0
