@@ -6,7 +6,7 @@ RUNS.json: `pkb-tui runs --model baseline --json` of a database holding two or m
 (the baseline timed against itself over the same tasks, in batches of their own) run without a
 stored floor, so every interval is the rounds' alone, as calibrate's own runs are. First each
 task's basis figure per batch (g: graph, e: eager), then for each ordered pair of batches (A, B): the floor per timing method from A, as calibrate takes it
-(stats.noise_floor_from_selfchecks), then B's intervals widened by it (stats.widened) on the basis
+(calibrate.noise_floors_from_runs), then B's intervals widened by it (stats.widened) on the basis
 (graph where B's run has a graph figure, else eager), counted against issue 11's targets: the
 interval holds 1.0, the point is within 3%. A run of B without a speedup is a miss.
 """
@@ -18,7 +18,8 @@ import sys
 from collections import defaultdict
 from itertools import permutations
 
-from pkb_tui.engine.stats import SpeedupEstimate, noise_floor_from_selfchecks, widened
+from pkb_tui.engine.calibrate import noise_floors_from_runs
+from pkb_tui.engine.stats import SpeedupEstimate, widened
 
 
 def estimate(run: dict, method: str) -> SpeedupEstimate | None:
@@ -51,7 +52,9 @@ def main(path: str) -> int:
             if run.get("status") not in ("passed", "failed") and run.get("status_detail"):
                 print(f"batch {i + 1} {run['task_id']}: {run['status']}: {run['status_detail']}")
     for a, b in permutations(order, 2):
-        floors = {m: noise_floor_from_selfchecks([e for r in batches[a] if (e := estimate(r, m))]) for m in ("eager", "graph")}
+        # The floor exactly as calibrate takes it from its own runs (the rows in Store.run's shape).
+        _, floors = noise_floors_from_runs([{"id": r.get("id"), "task_id": r["task_id"], "status": r["status"],
+                                             "results": {"candidate": r}} for r in batches[a]])
         inside = close = 0
         misses = []
         for run in sorted(batches[b], key=lambda r: r["task_id"]):

@@ -100,9 +100,6 @@ MAX_GRAPH_CALLS_PER_BLOCK = 1024
 # cpu: 5 ms, not more: gloo timings are for development, and each timed call costs the judges its
 # expected outputs (two collectives of their own), which on a small box is most of an item's time.
 TARGET_BLOCK_US = {"cuda": 5_000.0, "cpu": 5_000.0}
-# An experiment, unset by default: eager blocks of this many us on a GPU instead (whether longer
-# blocks steady the eager figures of the tasks that cannot be captured; docs/measurements).
-EAGER_BLOCK_US = float(os.environ.get("PKB_EAGER_BLOCK_US", "0") or 0)
 ARENA_BUDGET_BYTES = {"cuda": 4 * 2**30, "cpu": 512 * 2**20}
 
 # Environment a runner must not inherit: the event key (and the batch's join key, which a rank is
@@ -1059,7 +1056,7 @@ class Rank:
         the --timeout too short for what the judge does for this task, or the code slow?)."""
         spent = clock.summary()
         print(f"rank {self.rank}: {item.task} ({item.model}, {status}): item's time: {spent}", file=sys.stderr, flush=True)
-        if status == "timeout" and detail and "time spent" not in detail:
+        if status == "timeout" and detail:
             return f"{detail} (time spent on rank {self.rank}: {spent})"
         return detail
 
@@ -1576,8 +1573,8 @@ class Rank:
         for how in methods:
             seen = [w[how] for w in warm_agreed if how in w] or [w["eager"] for w in warm_agreed if "eager" in w] or [1.0]
             most = MAX_GRAPH_CALLS_PER_BLOCK if how == "graph" else MAX_CALLS_PER_BLOCK[kind]
-            target = EAGER_BLOCK_US if how == "eager" and kind == "cuda" and EAGER_BLOCK_US > 0 else TARGET_BLOCK_US[kind]
-            calls_for[how] = int(max(1, min(calls_by_memory, most, math.ceil(target / max(max(seen), 0.5)))))
+            calls_for[how] = int(max(1, min(calls_by_memory, most,
+                                            math.ceil(TARGET_BLOCK_US[kind] / max(max(seen), 0.5)))))
         # Fresh inputs per round, each method's block its own: a graph block on the inputs the same
         # runner's eager block had just been given could replay results it kept from them. Together
         # they stay within the memory one block was allowed (the judge holds a round's inputs, its
