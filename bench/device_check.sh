@@ -27,6 +27,7 @@
 #   "plain", "reverse" (tasks in reverse order) and/or VAR=value words (its environment), e.g.
 #   "plain;reverse;PKB_BASELINE_TRIALS=1;PKB_SANDBOX_READS=0 PKB_SANDBOX_NET=0" (default "plain;plain").
 #   HOLDOUT_FROM=<a holdout.db carried back>: its batches are counted with this call's (split over calls).
+#   CALL_S=<the call's limit>: each batch gets at most an even share of what is left of it.
 #   pkb: bench/pkb_compare.sh on the PKB clone at $PKB_CLONE (default .pkb), problems $PKB_RANGE (default 1-8);
 #   RUN_LOCAL_FROM/RUN_LOCAL_MAX/PKB_TUI_SKIP as that script reads them.
 # Writes JSON and logs under $OUT (the device tool brings $OUT back) and prints short tables.
@@ -184,9 +185,16 @@ for section in $sections; do
         case "$word" in reverse) order=$(echo "$all_ids" | tr ' ' '\n' | tac | tr '\n' ' ');; *=*) envs+=("$word");; esac
       done
       tasks=$(echo $order | tr ' ' ',')
-      env "${envs[@]}" timeout "${HOLDOUT_S:-270}" $PY -m pkb_tui.cli --db "$OUT/holdout.db" run --task "$tasks" \
+      limit=${HOLDOUT_S:-270}
+      # CALL_S: the device call's whole limit, shared evenly by the batches still to run (the analysis after: 30 s)
+      if [ -n "${CALL_S:-}" ]; then
+        share=$(( (CALL_S - SECONDS - 30) / (${#specs[@]} - i + 1) ))
+        [ "$share" -lt "$limit" ] && limit=$share
+      fi
+      [ "$limit" -ge 30 ] || { echo "batch $i ($spec): skipped, $limit s of the call left for it"; continue; }
+      env "${envs[@]}" timeout "$limit" $PY -m pkb_tui.cli --db "$OUT/holdout.db" run --task "$tasks" \
         "${SELFCHECK_ARGS[@]}" --speedup-basis graph --json >"$OUT/holdout$i.json" 2>"$OUT/holdout$i.err"
-      echo "batch $i ($spec): exit $? at $SECONDS s"
+      echo "batch $i ($spec): exit $? at $SECONDS s (limit $limit s)"
     done
     $PY -m pkb_tui.cli --db "$OUT/holdout.db" runs --model baseline --limit 1000 --json >"$OUT/holdout_runs.json"
     $PY bench/selfcheck_holdout.py "$OUT/holdout_runs.json"
