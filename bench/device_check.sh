@@ -135,7 +135,7 @@ for section in $sections; do
   noisefloor|selfcheck)
     if [ "$section" = selfcheck ] && [ -n "${SELFCHECK_FROM:-}" ]; then
       echo "=== every task's baseline against itself on a copy of $SELFCHECK_FROM (its noise floor)"
-      cp "$SELFCHECK_FROM" "$OUT/selfcheck.db" || exit 1
+      cp "$SELFCHECK_FROM" "$OUT/selfcheck.db" && chmod u+w "$OUT/selfcheck.db" || exit 1  # carried back: read-only
       $PY -m pkb_tui.cli --db "$OUT/selfcheck.db" query --json \
         "SELECT h.gpu_model, c.mode, c.noise_floor_fraction, json_extract(c.detail, '\$.graph_noise_floor_fraction') AS graph
          FROM calibrations c JOIN hosts h ON h.id = c.host_id WHERE c.kind = 'noise_floor'"
@@ -174,7 +174,7 @@ for section in $sections; do
     echo "=== self-checks of every task on one database, no floor stored: the floor from each applied to the others"
     # HOLDOUT_FROM=<a holdout.db carried back>: its batches count too (a holdout split over calls;
     # on another machine than the first call's, say so: the floor is a host's)
-    if [ -n "${HOLDOUT_FROM:-}" ]; then cp "$HOLDOUT_FROM" "$OUT/holdout.db" || exit 1; fi
+    if [ -n "${HOLDOUT_FROM:-}" ]; then cp "$HOLDOUT_FROM" "$OUT/holdout.db" && chmod u+w "$OUT/holdout.db" || exit 1; fi
     all_ids=${SELFCHECK_TASKS:+$(echo "$SELFCHECK_TASKS" | tr ',' ' ')}
     [ -n "$all_ids" ] || all_ids=$($PY -c "from tasks.base import all_tasks; print(' '.join(all_tasks()))")
     i=0

@@ -1003,10 +1003,12 @@ def _print_kernels(kernels: list[dict[str, Any]], limit: int | None, out: TextIO
 
 def cmd_import(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
     from pkb_tui.store import Store, default_db_path
-    from pkb_tui.store.recovery import import_recovery, read_recovery
+    from pkb_tui.store.recovery import import_recovery, read_only_database_sentence, read_recovery
 
     batch = read_recovery(args.file)  # a missing or foreign file is refused before any database is touched
     target = db or default_db_path()
+    if (sentence := read_only_database_sentence(Path(target))) is not None:
+        raise PkbError(sentence.replace("nothing was run", "nothing was imported"))
     with Store(target) as store:
         summary = import_recovery(batch, store)
     if summary.torn_last_line:

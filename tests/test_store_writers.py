@@ -477,3 +477,36 @@ def test_a_file_cut_off_mid_line_imports_every_whole_line_and_says_so(tmp_path: 
     writer.recovery_path.write_text("\n".join(lines) + "\n")
     broken = cli("--db", str(tmp_path / "target2.db"), "import", str(writer.recovery_path))
     assert broken.code == 2 and "line 4 is not a JSON object" in broken.err
+
+
+def test_a_database_read_only_before_the_batch_is_refused_before_anything_runs(tmp_path: Path, cli) -> None:
+    # Seen on the GPU box: a database copied from a read-only file ran a whole batch (three minutes)
+    # and only then said it "was made read-only while the batch ran" and stored nothing.
+    db = tmp_path / "runs.db"
+    with Store(db) as store:
+        store.upsert_host({"hostname": "before"})
+    db.chmod(0o444)
+    before = db.read_bytes()
+    try:
+        result = cli("--db", str(db), "run", "--task", "all_reduce", "--model", "baseline", "--mode", "cpu",
+                     "--world-size", "2", "--size", "small", "--trials", "1", "--no-profile")
+        assert result.code == 2, (result.code, result.err)
+        assert f"The database {db} is read-only (mode 444): make it writable (chmod u+w {db})" in result.err, result.err
+        assert "nothing was run" in result.err and "Traceback" not in result.err
+        assert db.read_bytes() == before
+        assert not list(tmp_path.glob("*.recovery-*.jsonl"))
+        # The other writers say the same before writing (root could write through the mode bits).
+        calibrate = cli("--db", str(db), "calibrate", "--noise-only")
+        assert calibrate.code == 2 and "is read-only (mode 444)" in calibrate.err, calibrate.err
+        assert "nothing was measured" in calibrate.err
+        recovery = tmp_path / "batch.jsonl"
+        recovery.write_text(json.dumps({"recovery": "pkb-tui", "version": 1, "batch_id": "b1",
+                                        "database": str(db), "reason": "test"}) + "\n")
+        imported = cli("--db", str(db), "import", str(recovery))
+        assert imported.code == 2 and "is read-only (mode 444)" in imported.err, imported.err
+        assert "nothing was imported" in imported.err
+        assert db.read_bytes() == before
+    finally:
+        db.chmod(0o644)
+    with Store(db) as store:
+        assert store.conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0

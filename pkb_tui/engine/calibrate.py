@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, TextIO
 
 import torch
@@ -621,8 +622,11 @@ def calibrate_command(
         else:
             print(NO_GPU_MESSAGE, file=out)
         return EXIT_USAGE
-    from pkb_tui.store.store import Store
+    from pkb_tui.store.recovery import read_only_database_sentence
+    from pkb_tui.store.store import Store, default_db_path
 
+    if (sentence := read_only_database_sentence(Path(db_path or default_db_path()))) is not None:
+        raise PkbError(sentence.replace("nothing was run", "nothing was measured"))
     facts = host_facts()
     progress = None if as_json else (lambda msg: print(f"  measuring {msg} ...", file=sys.stderr, flush=True))
     mode, world = ("nccl", min(gpus, 8)) if gpus else ("cpu", 2)

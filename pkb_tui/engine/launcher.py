@@ -48,7 +48,7 @@ from pkb_tui.engine.topology import Topology
 from pkb_tui.engine.uplink import Message, Peer, UplinkServer, derive_key, parse_address
 from pkb_tui.errors import EXIT_HARNESS, PkbError
 from pkb_tui.store import Store, default_db_path
-from pkb_tui.store.recovery import BatchWriter, RecoverySampleSink, not_stored_sentence
+from pkb_tui.store.recovery import BatchWriter, RecoverySampleSink, not_stored_sentence, read_only_database_sentence
 from tasks.base import SIZE_NAMES, Traffic, all_tasks, broken_tasks, load_task
 
 EventCallback = Callable[[ev.Event, "int | None"], None]
@@ -262,6 +262,8 @@ class Launcher:
         cancel: threading.Event | None = None,
     ) -> BatchOutcome:
         items = self.plan(request)
+        if (sentence := read_only_database_sentence(Path(self.db_path))) is not None:
+            raise PkbError(sentence)  # before anything runs: a whole batch measured for nothing otherwise
         self._topology = Topology.of(request.world_size, self.cluster.nnodes)
         mode = self._mode = choose_mode(self._topology.ranks_per_node, request.mode)
         cancel = cancel or threading.Event()
@@ -361,6 +363,8 @@ class Launcher:
 
         if not self.cluster.multi_node:
             raise PkbError(NETWORK_NEEDS_NODES)
+        if (sentence := read_only_database_sentence(Path(self.db_path))) is not None:
+            raise PkbError(sentence)
         host, port = self.cluster.endpoint()
         cancel = cancel or threading.Event()
         self._topology = Topology.of(self.cluster.nnodes, self.cluster.nnodes)

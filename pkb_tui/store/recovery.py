@@ -74,11 +74,28 @@ def database_lost_reason(path: Path, identity: tuple[int, int] | None) -> str | 
         return f"cannot be reached ({exc.strerror})"
     if identity is not None and (st.st_dev, st.st_ino) != identity:
         return "was replaced by another file"
-    # Mode bits, not only os.access: root may write whatever the bits say, and SQLite keeps writing
-    # through the descriptor it opened before the chmod either way.
-    if st.st_mode & 0o222 == 0 or not os.access(path, os.W_OK):
+    if _read_only(path, st.st_mode):
         return "was made read-only"
     return None
+
+
+def _read_only(path: Path, mode: int) -> bool:
+    # Mode bits, not only os.access: root may write whatever the bits say, and SQLite keeps writing
+    # through the descriptor it opened before the chmod either way.
+    return mode & 0o222 == 0 or not os.access(path, os.W_OK)
+
+
+def read_only_database_sentence(path: Path) -> str | None:
+    """Before a batch: the sentence when the database at ``path`` exists and is read-only (a batch
+    would run to the end and then store nothing); None when it may be written or is not there yet."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # not there yet (Store creates it) or unreachable (Store says so)
+    if not _read_only(path, st.st_mode):
+        return None
+    return (f"The database {path} is read-only (mode {st.st_mode & 0o777:03o}): make it writable "
+            f"(chmod u+w {shlex.quote(str(path))}) or name another file with --db; nothing was run.")
 
 
 def recovery_file_name(db_path: Path, batch_id: str) -> str:
