@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every check the GPU box must show, in as few device calls as possible.
 #   bash bench/device_check.sh [engine] [tasks] [collectors] [gpu] [judge] [soak] [gate] [noisefloor] [selfcheck] [holdout] [pkb]
+#   bash bench/device_check.sh --code-hash   (the hash of the Python files a call prints as "code:")
 #   (default: engine tasks collectors gpu judge)
 #   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults, batching check,
 #   self-check of every task); JUDGE_PARTS picks its parts (default all), ADV_CONFIGS the adversarial
@@ -34,6 +35,10 @@
 # selfcheck and holdout also keep each item's time per phase (the judges' "item's time" lines) in
 # $OUT/phases.txt and print the five slowest items' rounds.
 set -u
+code_hash() {  # the project's Python files (names and contents), the same on this machine and the device
+  find pkb_tui tasks collectors bench -name '*.py' -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-12
+}
+[ "${1:-}" = --code-hash ] && { code_hash; exit 0; }
 OUT=${OUT:-/tmp/pkb-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -66,6 +71,9 @@ phases() {  # where each item's time went (the judges' lines in the run logs, wh
 }
 
 echo "=== host"
+# The code this call runs (the device's copy of .git can lag the tree it runs): compare with
+# `bash bench/device_check.sh --code-hash` here.
+echo "code: $(code_hash)"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
 $PY -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
