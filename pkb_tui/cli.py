@@ -1007,8 +1007,8 @@ def cmd_import(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
 
     batch = read_recovery(args.file)  # a missing or foreign file is refused before any database is touched
     target = db or default_db_path()
-    if (sentence := read_only_database_sentence(Path(target))) is not None:
-        raise PkbError(sentence.replace("nothing was run", "nothing was imported"))
+    if (sentence := read_only_database_sentence(Path(target), "imported")) is not None:
+        raise PkbError(sentence)
     with Store(target) as store:
         summary = import_recovery(batch, store)
     if summary.torn_last_line:

@@ -625,8 +625,8 @@ def calibrate_command(
     from pkb_tui.store.recovery import read_only_database_sentence
     from pkb_tui.store.store import Store, default_db_path
 
-    if (sentence := read_only_database_sentence(Path(db_path or default_db_path()))) is not None:
-        raise PkbError(sentence.replace("nothing was run", "nothing was measured"))
+    if (sentence := read_only_database_sentence(Path(db_path or default_db_path()), "measured")) is not None:
+        raise PkbError(sentence)
     facts = host_facts()
     progress = None if as_json else (lambda msg: print(f"  measuring {msg} ...", file=sys.stderr, flush=True))
     mode, world = ("nccl", min(gpus, 8)) if gpus else ("cpu", 2)

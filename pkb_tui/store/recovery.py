@@ -85,9 +85,10 @@ def _read_only(path: Path, mode: int) -> bool:
     return mode & 0o222 == 0 or not os.access(path, os.W_OK)
 
 
-def read_only_database_sentence(path: Path) -> str | None:
-    """Before a batch: the sentence when the database at ``path`` exists and is read-only (a batch
-    would run to the end and then store nothing); None when it may be written or is not there yet."""
+def read_only_database_sentence(path: Path, done: str = "run") -> str | None:
+    """Before a batch (or a calibration, ``done`` "measured"; an import, "imported"): the sentence when
+    the database at ``path`` exists and is read-only (a batch would run to the end and then store
+    nothing); None when it may be written or is not there yet."""
     try:
         st = os.stat(path)
     except OSError:
@@ -95,7 +96,7 @@ def read_only_database_sentence(path: Path) -> str | None:
     if not _read_only(path, st.st_mode):
         return None
     return (f"The database {path} is read-only (mode {st.st_mode & 0o777:03o}): make it writable "
-            f"(chmod u+w {shlex.quote(str(path))}) or name another file with --db; nothing was run.")
+            f"(chmod u+w {shlex.quote(str(path))}) or name another file with --db; nothing was {done}.")
 
 
 def recovery_file_name(db_path: Path, batch_id: str) -> str:
