@@ -6,8 +6,10 @@
 #   judge: bench/judge_gpu_check.py (runner path, adversarial suite, spin-kernel timing check, GPU faults, batching check,
 #   self-check of every task); JUDGE_PARTS picks its parts (default all), ADV_CONFIGS the adversarial
 #   suite's modes (default nccl:1,shared-gpu:2), ADV_ATTACKS a subset of its attacks; SPIN_TIMEOUT the spin
-#   runs' --timeout (default 300; 45 gives each a 13.5 s timing budget) and SPIN_CALL_S the spin batch's limit
-#   (default 500 s; cut off there, the runs it finished are still read from their event files).
+#   runs' --timeout (default 300; 45 gives each a 13.5 s timing budget, too short for the 5 ms spin) and
+#   SPIN_CALL_S the spin batch's limit (default 500 s; cut off there, the runs it finished are still read
+#   from their event files); SPIN_TARGETS the spins (us, default 5,50,500,5000; the 0-spin base always
+#   runs) and SPIN_CLONE=0 leaves out the clone-only item.
 #   soak: bench/soak.py on this box's GPU (SOAK_MINUTES, default 3; SOAK_TIMEOUT per run, default 25 s: a hanging
 #   candidate costs that much each), its database copied to $OUT.
 #   gate: the GPU gate (engine.gate, PKB_GPU_GATE=1): judge_gpu_check's gate part (fixtures), then
