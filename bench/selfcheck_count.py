@@ -5,7 +5,8 @@
     python bench/selfcheck_count.py --rest RUNS.json
 
 RUN.json: `pkb-tui run --task ... --model baseline --json` (the baseline timed against itself), or
-`pkb-tui runs --json` where that run was cut short or split over calls (per task its latest run
+`pkb-tui runs --speedup-basis B --json` where that run was cut short or split over calls (B the
+self-check's basis: `runs` shows eager unless told) (per task its latest run
 with a floor folded in; without any, the latest batch). A run without a speedup counts as a miss
 of the basis.
 Prints per task the basis's speedup and interval (and interval_floor: the host's floor folded in),
@@ -98,8 +99,10 @@ def main(path: str) -> int:
         floor = candidate.get("interval_floor", run.get("interval_floor"))
         line.append(f"floor in interval: {floor if floor is not None else '-'}")
         print("  ".join(line))
+    bases = {run.get("speedup_basis") for run in doc.get("runs", [])} - {None}
     for name, (inside, close, total) in counts.items():
-        print(f"{name}: intervals holding 1.0 {inside} of {total}; points within 3% {close} of {total}")
+        label = f"basis ({', '.join(sorted(bases))})" if name == "basis" and bases else name
+        print(f"{label}: intervals holding 1.0 {inside} of {total}; points within 3% {close} of {total}")
     return 0
 
 

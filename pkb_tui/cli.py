@@ -863,6 +863,7 @@ def cmd_runs(args: argparse.Namespace, db: Path | None, out: TextIO) -> int:
         rows = store.runs(task=args.task, model=args.model, status=args.status, limit=args.limit, basis=args.speedup_basis)
     for row in rows:
         row["measurement_note"] = _measurement_note(row["mode"])
+        row["speedup_basis"] = args.speedup_basis  # what "speedup" is here: the view's basis, not the run's
     if args.json:
         json.dump(rows, out, indent=2, default=_json_default)
         out.write("\n")

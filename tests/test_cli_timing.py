@@ -52,6 +52,9 @@ def test_show_prints_the_interval_and_says_when_it_is_within_noise(cli, tmp_db):
     assert doc["speedup_eager"] == 1.03 and doc["measurement_note"] is None
     listing = cli("runs", "--json").json()
     assert listing[0]["speedup_low"] == 1.01 and listing[0]["within_noise"] == 1
+    assert listing[0]["speedup_basis"] == "eager"
+    listing = cli("runs", "--json", "--speedup-basis", "graph").json()  # each row says which figure "speedup" is
+    assert listing[0]["speedup"] == 2.0 and listing[0]["speedup_basis"] == "graph"
     assert "1.03x [1.01, 1.05] ~noise" in cli("runs").out
     assert cli("runs", "--speedup-basis", "wall").code == 2
 
