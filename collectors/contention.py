@@ -65,12 +65,7 @@ def competing_load(*, nvml_factory: Callable[[], Any] | None = None, load_averag
     if ranks:
         warnings.append(f"another pkb-tui batch is running on this host ({len(ranks)} rank process(es), pid "
                         f"{', '.join(map(str, ranks[:4]))}{'…' if len(ranks) > 4 else ''}); the two will time each other")
-    if nvml_factory is None:
-        from collectors.nvml import Nvml
-
-        nvml_factory = Nvml
-    with nvml_factory() as nvml:
-        gpu_pids = {pid for pid in nvml.compute_pids() if pid not in ranks and not ({me} | known) & _ancestors(pid)}
+    gpu_pids = set(gpu_processes(nvml_factory=nvml_factory, me=me, exclude=known)) - set(ranks)
     if gpu_pids:
         warnings.append(f"{len(gpu_pids)} other process(es) use the GPUs (pid {', '.join(map(str, sorted(gpu_pids)[:4]))})")
     load = (load_average or (lambda: os.getloadavg()[0]))()
@@ -78,6 +73,45 @@ def competing_load(*, nvml_factory: Callable[[], Any] | None = None, load_averag
     if load > BUSY_LOAD_FRACTION * cores:
         warnings.append(f"the CPU is busy (1-minute load average {load:.1f} on {cores} core(s))")
     return warnings
+
+
+def _nvml() -> Any:
+    from collectors.nvml import Nvml
+
+    return Nvml()
+
+
+def gpu_processes(*, nvml_factory: Callable[[], Any] | None = None, me: int | None = None,
+                  exclude: Iterable[int] = ()) -> dict[int, str]:
+    """Processes holding a compute context on this host's GPUs, but for this process, its
+    descendants and those of ``exclude``: pid -> its command line (shortened; "" where /proc does
+    not show it, e.g. a pid of another namespace). {} where NVML cannot say."""
+    me = os.getpid() if me is None else me
+    skip = {me, *exclude}
+    with (nvml_factory or _nvml)() as nvml:
+        pids = nvml.compute_pids()
+    found = {}
+    for pid in sorted(pids):
+        if not skip & _ancestors(pid):
+            command = _cmdline(pid).strip()
+            found[pid] = command if len(command) <= 60 else command[:59] + "…"
+    return found
+
+
+def gpu_sharing_note(at_start: dict[int, str], at_end: dict[int, str]) -> str | None:
+    """A run note naming the other processes that held a compute context on this host's GPUs when
+    the batch started and when it ended (a GPU shared with another job times both); None when none did."""
+    if not at_start and not at_end:
+        return None
+
+    def named(found: dict[int, str]) -> str:
+        shown = [f"{pid} ({command})" if command else str(pid) for pid, command in list(found.items())[:4]]
+        return ", ".join(shown) + ("…" if len(found) > 4 else "")
+
+    when = [f"at the start: pid {named(at_start)}"] if at_start else []
+    when += [f"at the end: pid {named(at_end)}"] if at_end else []
+    return (f"other processes held this host's GPUs beside the batch ({'; '.join(when)}): the timings may "
+            f"include their work")
 
 
 def host_load_note(started_load: float | None = None) -> str:

@@ -80,5 +80,78 @@ def test_the_host_load_is_noted_on_every_run_of_a_batch(cli, tmp_db: Path) -> No
     assert result.code == 0, result.err
     run = result.json()["runs"][0]
     assert any(note.startswith("host load during the batch: 1-minute load average") for note in run["notes"])
+    assert not any(note.startswith("other processes held") for note in run["notes"])  # no GPU here: nothing to say
     with Store(tmp_db) as store:
         assert host_load_note().split(" at the end")[0].split(" average")[0] in " ".join(store.run(run["id"])["notes"])
+
+
+class _ListedNvml(_FakeNvml):
+    """One GPU whose compute processes are the pids given."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[_FakeProcess]:
+        return [_FakeProcess(pid) for pid in self.pids]
+
+
+def _stranger() -> int:
+    """A real process that is not a descendant of this one (its parent shell exits): another job's."""
+    out = subprocess.run(["sh", "-c", "sleep 120 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True)
+    pid = int(out.stdout.strip())
+    deadline = time.monotonic() + 30
+    while b"sleep" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the stand-in process did not start"
+        time.sleep(0.05)
+    return pid
+
+
+def _end(pid: int) -> None:
+    import os
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_gpu_processes_leave_out_our_own_and_name_the_others() -> None:
+    own = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stranger = _stranger()
+    gone = 2**22 + 12345  # above the usual pid_max: no such process here, as a pid of another namespace
+    try:
+        from collectors.contention import gpu_processes, gpu_sharing_note
+
+        found = gpu_processes(nvml_factory=lambda: Nvml(_ListedNvml([own.pid, stranger, gone])))
+        assert own.pid not in found  # our child: this batch's own
+        assert found[stranger] == "sleep 120" and found[gone] == ""
+        assert own.pid in gpu_processes(nvml_factory=lambda: Nvml(_ListedNvml([own.pid])), me=1)
+        note = gpu_sharing_note(found, {stranger: "sleep 120"})
+        assert note == (f"other processes held this host's GPUs beside the batch (at the start: pid {stranger} (sleep 120), "
+                        f"{gone}; at the end: pid {stranger} (sleep 120)): the timings may include their work")
+        assert gpu_sharing_note({}, {}) is None
+    finally:
+        own.kill()
+        own.wait()
+        _end(stranger)
+
+
+def test_a_batch_beside_another_gpu_job_says_so_on_its_runs(cli, tmp_db: Path, monkeypatch) -> None:
+    import collectors.contention as contention
+
+    stranger = _stranger()
+    monkeypatch.setattr(contention, "_nvml", lambda: Nvml(_ListedNvml([stranger])))
+    try:
+        result = cli("run", "--task", "all_reduce", "--model", "baseline", "--world-size", "2", "--mode", "cpu",
+                     "--trials", "1", "--iterations", "2", "--warmup", "1", "--no-profile", "--json")
+    finally:
+        _end(stranger)
+    assert result.code == 0, result.err
+    assert f"1 other process(es) use the GPUs (pid {stranger})" in result.err  # the warning before the batch
+    notes = result.json()["runs"][0]["notes"]
+    assert (f"other processes held this host's GPUs beside the batch (at the start: pid {stranger} (sleep 120); "
+            f"at the end: pid {stranger} (sleep 120)): the timings may include their work") in notes

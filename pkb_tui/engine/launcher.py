@@ -268,6 +268,7 @@ class Launcher:
         mode = self._mode = choose_mode(self._topology.ranks_per_node, request.mode)
         cancel = cancel or threading.Event()
         load_at_start = os.getloadavg()[0]
+        gpus_shared_at_start = _gpu_processes()  # before this batch's MPS daemon starts
         started_wall_s = time.time()
         self._ring = None
         batch_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -338,6 +339,12 @@ class Launcher:
             self._stop_telemetry()
             store.end_batch()
             store.add_note([s.run_id for s in states.values()], _host_load_note(load_at_start))
+            # The ranks are ended and the MPS daemon stopped: what holds the GPUs now is not this batch's
+            # (but for this batch's MPS server, killed without a wait: it may still be going).
+            at_end = {pid: command for pid, command in _gpu_processes().items()
+                      if not (mps is not None and os.path.basename(command.split(" ", 1)[0]) == MPS_SERVER)}
+            if (shared := _gpu_sharing_note(gpus_shared_at_start, at_end)) is not None:
+                store.add_note([s.run_id for s in states.values()], shared)
             store.close()
             # Temporary trees go with the batch (runners' scratch, torchrun's torchelastic_*
             # folders, which TMPDIR puts there); logs stay, older batches' within the retention.
@@ -1220,6 +1227,26 @@ def _host_load_note(load_at_start: float) -> str:
     from collectors.contention import host_load_note
 
     return host_load_note(load_at_start)
+
+
+MPS_SERVER = "nvidia-cuda-mps-server"  # the program of the MPS daemon's servers
+
+
+def _gpu_processes() -> dict[int, str]:
+    """Other processes on this host's GPUs (collectors.contention.gpu_processes); {} where that
+    cannot be asked: the note is an explanation, never a reason for a batch to fail."""
+    from collectors.contention import gpu_processes
+
+    try:
+        return gpu_processes()
+    except Exception:
+        return {}
+
+
+def _gpu_sharing_note(at_start: dict[int, str], at_end: dict[int, str]) -> str | None:
+    from collectors.contention import gpu_sharing_note
+
+    return gpu_sharing_note(at_start, at_end)
 
 
 def remove_old_batches(runs_dir: Path, keep: Path | None = None, now: float | None = None) -> list[Path]:
