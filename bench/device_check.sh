@@ -9,7 +9,8 @@
 #   runs' --timeout (default 300; 45 gives each a 13.5 s timing budget, too short for the 5 ms spin) and
 #   SPIN_CALL_S the spin batch's limit (default 500 s; cut off there, the runs it finished are still read
 #   from their event files); SPIN_TARGETS the spins (us, default 5,50,500,5000; the 0-spin base always
-#   runs) and SPIN_CLONE=0 leaves out the clone-only item.
+#   runs), SPIN_CLONE=0 leaves out the clone-only item and SPIN_SIDE=0 the side-stream item (a 500 us spin
+#   on a stream nothing waits for: the eager figure must hold it).
 #   soak: bench/soak.py on this box's GPU (SOAK_MINUTES, default 3; SOAK_TIMEOUT per run, default 25 s: a hanging
 #   candidate costs that much each), its database copied to $OUT.
 #   gate: the GPU gate (engine.gate, PKB_GPU_GATE=1): judge_gpu_check's gate part (fixtures), then
