@@ -396,8 +396,11 @@ def part_spin(out: Path, report: dict) -> None:
                 continue
             delta = got - base
             allowed = max(1.0, 0.03 * lengths[target])
+            # Issue 11's target is the device-time figure (graph). The eager rows are what an eager
+            # program pays, shown beside it: below ~50 us the host's dispatch hides a spin ("ok": null).
             rows.append({"method": method, "target_us": target, "calibrated_us": round(lengths[target], 2),
-                         "delta_us": round(delta, 2), "ok": abs(delta - lengths[target]) <= allowed})
+                         "delta_us": round(delta, 2),
+                         "ok": abs(delta - lengths[target]) <= allowed if method == "graph" else None})
     # The side-stream spin: per call, the eager figure must hold at least 90% of its calibrated length
     # (the spins queue on their stream and the current stream's work runs beside them, so the call's
     # own ~20-50 us and the block's harness share, subtracted, partly hide under them; a window without
