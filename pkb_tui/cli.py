@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--noise-only", action="store_true",
                            help="measure only the noise floor (works without a GPU: cpu mode)")
     calibrate.add_argument("--noise-tasks", metavar="all|collectives|ID[,ID...]",
-                           help="the noise floor's self-check tasks (default: all on a GPU, ~5-10 min; the eight "
+                           help="the noise floor's self-check tasks (default: all on a GPU, ~5-10 min; "
+                                "collectives there is quicker but under-reads the other tasks' spread; the eight "
                                 "collectives in cpu mode)")
     calibrate.add_argument("--json", action="store_true")
     calibrate.add_argument("--db", dest="sub_db", help=argparse.SUPPRESS)

@@ -206,3 +206,11 @@ def test_the_noise_floor_self_check_tasks_are_picked_and_checked_before_anything
     pointless = cli("--db", str(db), "calibrate", "--no-noise", "--noise-tasks", "all")
     assert pointless.code == 2 and "leave it out with --no-noise" in pointless.err + pointless.out
     assert not db.exists()
+
+
+def test_a_gpu_floor_from_fewer_than_every_task_says_it_may_under_read() -> None:
+    assert cal.partial_floor_note("cpu", cal.NOISE_TASKS) is None  # cpu mode's default set
+    assert cal.partial_floor_note("nccl", ("all",)) is None
+    note = cal.partial_floor_note("nccl", cal.noise_tasks_for("nccl", "collectives"))
+    assert note is not None and "from 8 task(s)" in note and "leave --noise-tasks out" in note
+    assert "from 1 task(s)" in (cal.partial_floor_note("nccl", ("all_reduce",)) or "")
