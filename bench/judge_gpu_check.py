@@ -280,6 +280,9 @@ def part_faults(out: Path, report: dict) -> None:
     report["faults"] = {"rows": rows, "gpu_before": before, "gpu_after": after, "nvml_attribution": attribution}
 
 
+SPIN_TARGETS = (5, 50, 500, 5000)  # us: issue 11's spin kernels
+
+
 def calibrate_spin() -> tuple[float, dict[int, float]]:
     """Cycles per microsecond of torch.cuda._sleep, and the length of each target as measured the
     way the device-time figure runs it: N spins captured in one CUDA graph and replayed, timed
@@ -316,41 +319,26 @@ def calibrate_spin() -> tuple[float, dict[int, float]]:
     return rate, lengths
 
 
-SPIN_TARGETS = (5, 50, 500, 5000)  # us: issue 11's spin kernels
-
 SPIN_TEMPLATE = '''import torch
 import torch.distributed as dist
 
 CYCLES = {cycles}
+_side = torch.cuda.Stream() if {side} else None
 
 
 def solution(x):
     out = x.clone()
     dist.all_reduce(out)
     if CYCLES:
-        torch.cuda._sleep(CYCLES)
+        with torch.cuda.stream(_side or torch.cuda.current_stream()):
+            torch.cuda._sleep(CYCLES)
     return out
 '''
-
-
-# Issue 11's side-stream case: the right answer on the current stream, and a spin on a stream of its
-# own that nothing waits for (work a candidate hides beside the timed stream). The eager window must
-# hold it (the runner synchronizes the device, every stream, before it closes); a CUDA graph holds
-# only what its capture recorded, and what a replay leaves out is judged by the replay's outputs.
-SIDE_TEMPLATE = '''import torch
-import torch.distributed as dist
-
-CYCLES = {cycles}
-_side = torch.cuda.Stream()
-
-
-def solution(x):
-    out = x.clone()
-    dist.all_reduce(out)
-    with torch.cuda.stream(_side):
-        torch.cuda._sleep(CYCLES)
-    return out
-'''
+# Issue 11's side-stream case (the template with side=True): the right answer on the current stream,
+# and a spin on a stream of its own that nothing waits for (work a candidate hides beside the timed
+# stream). The eager window must hold it (the runner synchronizes the device, every stream, before
+# it answers); a CUDA graph holds only what its capture recorded, and what a replay leaves out is
+# judged by the replay's outputs.
 SIDE_TARGET = 500  # us: well above the host's ~20-50 us a call at size small, so the eager figure shows it
 
 
@@ -365,12 +353,12 @@ def part_spin(out: Path, report: dict) -> None:
     for target in (0, *targets):
         model = folder / f"spin{target}"
         model.mkdir()
-        (model / "all_reduce.py").write_text(SPIN_TEMPLATE.format(cycles=int(rate * target) if target else 0))
+        (model / "all_reduce.py").write_text(SPIN_TEMPLATE.format(cycles=int(rate * target) if target else 0, side=False))
         models.append(str(model))
     if os.environ.get("SPIN_SIDE", "1") != "0":  # SPIN_SIDE=0 leaves out the side-stream item
         side = folder / "side-stream"
         side.mkdir()
-        (side / "all_reduce.py").write_text(SIDE_TEMPLATE.format(cycles=int(rate * SIDE_TARGET)))
+        (side / "all_reduce.py").write_text(SPIN_TEMPLATE.format(cycles=int(rate * SIDE_TARGET), side=True))
         models.append(str(side))
     if os.environ.get("SPIN_CLONE", "1") != "0":
         clone = folder / "clone-only"

@@ -339,11 +339,8 @@ class Launcher:
             self._stop_telemetry()
             store.end_batch()
             store.add_note([s.run_id for s in states.values()], _host_load_note(load_at_start))
-            # The ranks are ended and the MPS daemon stopped: what holds the GPUs now is not this batch's
-            # (but for this batch's MPS server, killed without a wait: it may still be going).
-            at_end = {pid: command for pid, command in _gpu_processes().items()
-                      if not (mps is not None and os.path.basename(command.split(" ", 1)[0]) == MPS_SERVER)}
-            if (shared := _gpu_sharing_note(gpus_shared_at_start, at_end)) is not None:
+            # The ranks are ended and the MPS daemon stopped: what holds the GPUs now is not this batch's.
+            if (shared := _gpu_sharing_note(gpus_shared_at_start, mps_used=mps is not None)) is not None:
                 store.add_note([s.run_id for s in states.values()], shared)
             store.close()
             # Temporary trees go with the batch (runners' scratch, torchrun's torchelastic_*
@@ -1243,9 +1240,14 @@ def _gpu_processes() -> dict[int, str]:
         return {}
 
 
-def _gpu_sharing_note(at_start: dict[int, str], at_end: dict[int, str]) -> str | None:
+def _gpu_sharing_note(at_start: dict[int, str], *, mps_used: bool) -> str | None:
+    """The run note on other processes that held the GPUs (collectors.contention.gpu_sharing_note),
+    the end's sample taken now, but for this batch's MPS server where it had one (killed without a
+    wait, it may still be going)."""
     from collectors.contention import gpu_sharing_note
 
+    at_end = {pid: command for pid, command in _gpu_processes().items()
+              if not (mps_used and os.path.basename(command.split(" ", 1)[0]) == MPS_SERVER)}
     return gpu_sharing_note(at_start, at_end)
 
 
