@@ -409,6 +409,8 @@ def part_spin(out: Path, report: dict) -> None:
     checks = []
     for label, item, variant in (("clone-only", by_model.get("clone-only", -1), "candidate"),
                                  ("all_reduce baseline", by_model.get("spin0", -1), "baseline")):
+        if item < 0:  # left out of this call (SPIN_CLONE=0): not a failed check
+            continue
         kernels = events.get(item, {}).get("kernels", {}).get(variant) or []
         per_call = sum(float(k.get("total_us") or 0.0) for k in kernels) / 3.0 if kernels else None
         graph = figure(events, item, variant, "graph")

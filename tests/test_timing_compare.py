@@ -235,3 +235,20 @@ def test_the_phase_clock_says_where_an_items_time_went(monkeypatch: pytest.Monke
     clock.mark("timing rounds")  # 20.0
     assert clock.summary() == ("start-up 4.0 s, trials 1.5 s, 6 timing rounds 14.5 s "
                                "(of which the judge's checks 3.0 s)")  # the rest (10 ms) left out
+
+
+def test_blocks_are_sized_per_method_and_an_untimed_method_gets_no_inputs() -> None:
+    from pkb_tui.engine import worker
+
+    # Eager 50 us a call, graph 2 us: ~TARGET_BLOCK_US each, graph capped at its own limit.
+    warm = [{"eager": 50.0, "graph": 2.0}, {"eager": 40.0, "graph": 1.5}]  # the slowest rank sizes
+    sized = worker.calls_per_block(["eager", "graph"], ["eager", "graph"], warm, 10**6, "cuda")
+    assert sized == {"eager": 100, "graph": min(worker.MAX_GRAPH_CALLS_PER_BLOCK, 2500)}
+    # Not capturable for every runner: the graph block is never run, so none of its inputs are made.
+    sized = worker.calls_per_block(["eager", "graph"], ["eager"], [{"eager": 50.0}], 10**6, "cuda")
+    assert sized == {"eager": 100, "graph": 0}
+    # The arena's budget is shared by the timed methods only.
+    sized = worker.calls_per_block(["eager", "graph"], ["eager"], [{"eager": 50.0}], 60, "cuda")
+    assert sized == {"eager": 60, "graph": 0}
+    sized = worker.calls_per_block(["eager", "graph"], ["eager", "graph"], [{"eager": 50.0, "graph": 2.0}], 60, "cuda")
+    assert sized["eager"] + sized["graph"] <= 60 and min(sized.values()) >= 1

@@ -1569,19 +1569,8 @@ class Rank:
         # GPU work under ~350 us of harness share with ~100 us of jitter (H200 self-check,
         # 2026-12-04: graph ratios 0.14-3.5 for the same code). Each method gets ~TARGET_BLOCK_US.
         warm_agreed = self.agree({m: max(v) for m, v in warm_us.items() if v})
-        calls_for: dict[str, int] = {}
-        for how in methods:
-            seen = [w[how] for w in warm_agreed if how in w] or [w["eager"] for w in warm_agreed if "eager" in w] or [1.0]
-            most = MAX_GRAPH_CALLS_PER_BLOCK if how == "graph" else MAX_CALLS_PER_BLOCK[kind]
-            calls_for[how] = int(max(1, min(calls_by_memory, most,
-                                            math.ceil(TARGET_BLOCK_US[kind] / max(max(seen), 0.5)))))
-        # Fresh inputs per round, each method's block its own: a graph block on the inputs the same
-        # runner's eager block had just been given could replay results it kept from them. Together
-        # they stay within the memory one block was allowed (the judge holds a round's inputs, its
-        # expected outputs and their float64 truths).
-        if sum(calls_for.values()) > calls_by_memory:
-            share = calls_by_memory / sum(calls_for.values())
-            calls_for = {how: max(1, int(n * share)) for how, n in calls_for.items()}
+        timed_methods = [m for m in methods if any(not series[(v, m)].note for v, _ in variants)]
+        calls_for = calls_per_block(methods, timed_methods, warm_agreed, calls_by_memory, kind)
         first_call: dict[str, int] = {}
         calls = 0
         for how in methods:
@@ -2002,6 +1991,35 @@ def _during_timing(failure: CandidateFailure) -> CandidateFailure:
     if message == failure.message:
         message = f"during timing: {message}"
     return CandidateFailure(failure.status, message)
+
+
+def calls_per_block(methods: list[str], timed: list[str], warm: list[dict[str, float]], calls_by_memory: int,
+                    kind: str) -> dict[str, int]:
+    """Calls per block for each timing method: enough that a block lasts ~TARGET_BLOCK_US by the
+    warm-up's per-call figures (``warm``, one dict per rank; a method without one is sized by the
+    eager figure), within the method's cap and, all methods together, the arena budget.
+
+    A method in ``methods`` but not in ``timed`` (no variant can be timed by it: "not capturable"
+    for every runner) gets no calls: its inputs, expected outputs and float64 truths would be made
+    every round and never used. For the six uncapturable tasks that was half of the judge's work a
+    round (H100, 2026-12-07: gnn_halo_exchange's inputs and expected outputs took 4.3 s of its 7.2 s
+    of rounds, and it stopped at 8 rounds)."""
+    calls_for: dict[str, int] = {}
+    for how in methods:
+        if how not in timed:
+            calls_for[how] = 0
+            continue
+        seen = [w[how] for w in warm if how in w] or [w["eager"] for w in warm if "eager" in w] or [1.0]
+        most = MAX_GRAPH_CALLS_PER_BLOCK if how == "graph" else MAX_CALLS_PER_BLOCK[kind]
+        calls_for[how] = int(max(1, min(calls_by_memory, most, math.ceil(TARGET_BLOCK_US[kind] / max(max(seen), 0.5)))))
+    # Fresh inputs per round, each method's block its own: a graph block on the inputs the same
+    # runner's eager block had just been given could replay results it kept from them. Together
+    # they stay within the memory one block was allowed (the judge holds a round's inputs, its
+    # expected outputs and their float64 truths).
+    if sum(calls_for.values()) > calls_by_memory:
+        share = calls_by_memory / sum(calls_for.values())
+        calls_for = {how: (max(1, int(n * share)) if n else 0) for how, n in calls_for.items()}
+    return calls_for
 
 
 def _failure_order(entry: Any) -> int:
