@@ -91,3 +91,42 @@ def test_models_lists_the_clones_folders_with_provider_and_model(cli, pkb_env) -
     assert by_name[MODEL_B.name]["manifest"]["model"] == "model-b"
     assert by_name[MODEL_B.name]["manifest"]["provider"] == "acme"
     assert sorted(by_name[MODEL_A.name]["tasks"]) == ["pkb/1_all_reduce", "pkb/2_all_gather", "pkb/3_row_stats"]
+
+
+@pytest.mark.timeout(600)
+def test_blocks_are_not_sized_by_the_baseline_runners_first_call(cli, tmp_db: Path, tmp_path: Path, pkb_env) -> None:
+    # A reference whose first call in a process takes 1.5 s (a lazy set-up, as a library handle or
+    # a communicator is on a GPU). The baseline's runner is new per item and the block size is read
+    # from its warm-up block: a block holding that first call read ~300 ms a call and asked for one
+    # call a block. Its first call is made untimed beforehand, so the blocks hold several calls.
+    import json
+    import shutil
+
+    from pkb_tui.store import Store
+
+    pkb_env.setenv("PKB_CACHE_DIR", str(tmp_path / "cache"))
+    clone = tmp_path / "clone"
+    shutil.copytree(CLONE, clone)
+    (clone / "reference" / "4_slow_first.py").write_text(
+        "import time\n\nimport torch\nimport torch.distributed as dist\n\n_FIRST = [True]\n\n\n"
+        "def solution(tensor: torch.Tensor) -> torch.Tensor:\n"
+        "    if _FIRST:\n"
+        "        _FIRST.clear()\n"
+        "        time.sleep(1.5)\n"
+        "    out = tensor.clone()\n"
+        "    dist.all_reduce(out)\n"
+        "    return out\n")
+    inputs = clone / "utils" / "input_output_tensors.py"
+    inputs.write_text(inputs.read_text().replace("if problem_id == 1:", "if problem_id in (1, 4):"))
+    result = cli("run", "--pkb-root", str(clone), "--task", "pkb/4", "--model", "baseline", "--world-size", "2",
+                 "--mode", "cpu", "--dtype", "float32", "--trials", "1", "--no-profile", "--json")
+    assert result.code == 0, result.out + result.err
+    (run,) = result.json()["runs"]
+    assert run["status"] == "passed", run
+    with Store(tmp_db) as store:
+        batch_dir = Path(store.run(run["id"])["log_path"]).parent
+    timings = [json.loads(line.partition(" ")[2]) for path in sorted(batch_dir.glob("events.*.jsonl"))
+               for line in path.read_text().splitlines()]
+    copies = {e["variant"]: e["input_copies"] for e in timings if e["event"] == "timing"}
+    assert set(copies) == {"baseline", "candidate"}, copies
+    assert min(copies.values()) >= 2, copies  # one call a block, had the first call sized it

@@ -1516,6 +1516,19 @@ class Rank:
         failure = None
         warm_us: dict[str, list[float]] = {m: [] for m in methods}
         try:
+            # The block size is read from the baseline runner's warm-up block, and that runner is new
+            # for this item: its first call of the task pays the task's lazy set-up in that process
+            # (library handles, NCCL's communicator for the operation, the allocator's first
+            # segments), which the candidate's runner paid in its trials. A block size read from a
+            # block that held it is too small (H100, 2026-12-07, the uncapturable tasks with the
+            # baseline's runner warmed by trials of its own, PKB_BASELINE_TRIALS=1: the judge's inputs
+            # a round 3-8x those of runs without, so blocks of several times the calls, and
+            # fft2d_alltoall read 235-250 us a call eager against 500-656 us without, on other VMs of
+            # the kind). So the baseline's runner makes one untimed call first, on inputs of its own
+            # (none a timed block sees).
+            first_inputs, first_expected, _ = fresh("first call", 1)
+            self._call(baseline, first_inputs, first_expected, "eager", deadline, abort)
+            del first_inputs, first_expected
             inputs, expected, _ = fresh("warmup", warm_calls)
             for variant, runner in variants:
                 for how in methods:
