@@ -1518,14 +1518,11 @@ class Rank:
         try:
             # The block size is read from the baseline runner's warm-up block, and that runner is new
             # for this item: its first call of the task pays the task's lazy set-up in that process
-            # (library handles, NCCL's communicator for the operation, the allocator's first
-            # segments), which the candidate's runner paid in its trials. A block size read from a
-            # block that held it is too small (H100, 2026-12-07, the uncapturable tasks with the
-            # baseline's runner warmed by trials of its own, PKB_BASELINE_TRIALS=1: the judge's inputs
-            # a round 3-8x those of runs without, so blocks of several times the calls, and
-            # fft2d_alltoall read 235-250 us a call eager against 500-656 us without, on other VMs of
-            # the kind). So the baseline's runner makes one untimed call first, on inputs of its own
-            # (none a timed block sees).
+            # (library handles and plans, NCCL's communicator for the operation, the allocator's
+            # first segments), which the candidate's runner paid in its trials. A warm-up block that
+            # holds it reads slow and asks for too few calls a block (a reference whose first call
+            # takes 1.5 s: one call a block, tests/test_pkb_cli.py). So the baseline's runner makes
+            # one untimed call first, on inputs of its own (none a timed block sees).
             first_inputs, first_expected, _ = fresh("first call", 1)
             self._call(baseline, first_inputs, first_expected, "eager", deadline, abort)
             del first_inputs, first_expected
