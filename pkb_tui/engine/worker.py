@@ -1521,8 +1521,10 @@ class Rank:
             # (library handles and plans, NCCL's communicator for the operation, the allocator's
             # first segments), which the candidate's runner paid in its trials. A warm-up block that
             # holds it reads slow and asks for too few calls a block (a reference whose first call
-            # takes 1.5 s: one call a block, tests/test_pkb_cli.py). So the baseline's runner makes
-            # one untimed call first, on inputs of its own (none a timed block sees).
+            # takes 1.5 s: one call a block, tests/test_pkb_cli.py; on the H100 the uncapturable
+            # tasks' blocks moved up to ~10x, both ways, when this runner had made trial calls
+            # first: docs/measurements-2026-12-07.md). So the baseline's runner makes one untimed
+            # call first, on inputs of its own (none a timed block sees).
             first_inputs, first_expected, _ = fresh("first call", 1)
             self._call(baseline, first_inputs, first_expected, "eager", deadline, abort)
             del first_inputs, first_expected
