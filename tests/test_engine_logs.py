@@ -156,3 +156,28 @@ def test_the_baseline_trials_experiment_runs_the_trials_on_both_runners(tmp_path
     with Store(db) as store:
         run = store.run(1)
     assert (run["status"], result.returncode) == ("passed", 0), (run["status_detail"], result.stderr[-2000:])
+
+
+@pytest.mark.parametrize("forkserver", ["1", "0"])
+def test_a_runner_has_the_judges_comparison_code_before_the_first_call(tmp_path: Path, forkserver: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first null block of a runner cloned its outputs with engine.compare, imported there (8.5 ms
+    # on this box): in the warm-up, whose block less its null sizes the blocks, a call of tens of
+    # microseconds read as nothing and blocks of hundreds of calls were asked for. Both ways a
+    # runner starts (forked from the warm server, or a fresh interpreter) import it before any call.
+    monkeypatch.setenv("PKB_FORKSERVER", forkserver)
+    model = tmp_path / "probe"
+    model.mkdir()
+    (model / "all_reduce.py").write_text(
+        "import sys\n\nimport torch.distributed as dist\n\n"
+        "print('pkb-test: compare loaded:', 'pkb_tui.engine.compare' in sys.modules, flush=True)\n\n\n"
+        "def solution(x):\n    out = x.clone()\n    dist.all_reduce(out)\n    return out\n")
+    db = tmp_path / "runs.db"
+    result = _cli("--db", str(db), "run", "--task", "all_reduce", "--model", str(model), "--mode", "cpu",
+                  "--world-size", "1", "--trials", "1", "--no-timing", "--no-profile")
+    with Store(db) as store:
+        run = store.run(1)
+    assert (run["status"], result.returncode) == ("passed", 0), (run["status_detail"], result.stderr[-2000:])
+    said = [line for log in Path(run["log_path"]).parent.glob("*.log") for line in log.read_text().splitlines()
+            if "pkb-test: compare loaded:" in line]
+    assert said and all(line.endswith("True") for line in said), said

@@ -3,7 +3,7 @@
 Every (task, model) item gets fresh runners (engine.worker), and a fresh Python that imports torch
 costs 2-6 s (more on a loaded box, times two runners per rank per item). A judge therefore starts
 one *fork server* when it first needs a runner: a child that imports what every runner needs
-(torch, engine.channel, engine.runner), touches no GPU and holds nothing secret, then waits on a
+(torch, engine.channel, engine.compare, engine.runner), touches no GPU and holds nothing secret, then waits on a
 socket. For each runner the judge sends the runner's pipes, log file and arena over that socket
 (SCM_RIGHTS) with its environment and working directory; the server forks twice so the runner is
 re-parented to the judge (a child subreaper), which waits on it, signals its process group and ends
@@ -162,7 +162,7 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
 
 def serve(sock: socket.socket) -> int:
     """Answer fork requests until the judge closes its end."""
-    from pkb_tui.engine import channel, procs, runner  # noqa: F401 - warm: what every runner imports first
+    from pkb_tui.engine import channel, compare, procs, runner  # noqa: F401 - warm: what every runner imports first
 
     judge_pid = os.getppid()
     if not procs.die_with(judge_pid, wait_s=0):
