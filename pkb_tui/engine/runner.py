@@ -67,11 +67,11 @@ def main() -> int:
         from pkb_tui.engine import unix_sockets
 
         unix_note = unix_sockets.hide(host_sockets)[1]
-    from pkb_tui.engine import channel  # torch is imported here, before any candidate code
-    # Before any call: the first null block clones its outputs with it, and an import there (8.5 ms
-    # on the dev box) fell in the warm-up's null block, which is subtracted from the warm-up block
-    # to size the blocks: a call of tens of microseconds read as nothing.
-    from pkb_tui.engine import compare  # noqa: F401
+    # torch is imported here, before any candidate code. engine.compare too, before any call: the
+    # first null block clones its outputs with it, and its import there (8.5 ms on the dev box) fell
+    # in the warm-up's null block, which is subtracted from the warm-up block to size the blocks: a
+    # call of tens of microseconds read as nothing.
+    from pkb_tui.engine import channel, compare  # noqa: F401
 
     init = channel.receive(read_fd)
     runner = Runner(init, read_fd, write_fd, arena_fd, unix_note, bell=channel.Bell(bell_fd) if bell_fd is not None else None)
